@@ -21,6 +21,11 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(
+            name: "AsyncStateKitTests",
+            dependencies: ["AsyncStateKit", "AsyncStateTesting"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
             name: "AsyncStateTestingTests",
             dependencies: ["AsyncStateTesting", "AsyncStateKit"],
             swiftSettings: swiftSettings

@@ -69,7 +69,7 @@ public import Foundation
 ///   for sleepers that never come, ``runUntilIdle(maxWakes:fileID:filePath:line:column:)`` on a timer
 ///   that reschedules itself forever — does not hang the test run: after ``stallTimeout`` of real time
 ///   it reports an issue that lists the pending sleepers (see ``Stall``) and returns.
-public final class VirtualClock: Clock, SettlingClock, Sendable {
+public final class VirtualClock: Clock, SettlingClock, DatedClock, Sendable {
     /// A point in virtual time: an offset from the clock's start.
     public struct Instant: InstantProtocol, Hashable, Sendable, CustomStringConvertible {
         /// The time since the clock started.

@@ -1,0 +1,212 @@
+/// A property that owns one value fetched from somewhere slow or unreliable, and its ``AsyncPhase``,
+/// with expiry, single flight, retry, invalidation and cancellation.
+///
+/// ```swift
+/// struct ConfigService {
+///     @AsyncState var config: Config = .default
+///
+///     func current() async throws -> Config {
+///         // Fifty concurrent callers: one load. The next two minutes: served from memory.
+///         try await $config.value { try await loadConfig() }
+///     }
+/// }
+/// ```
+///
+/// `config` reads the latest value synchronously (kept while a fetch is in flight and after a
+/// failure); `$config` is the wrapper itself, with the async API.
+///
+/// ## Where it can live
+///
+/// The wrapper holds a reference to its store, so copies share one state (like SwiftUI's `@State`).
+/// Swift rejects a wrapped `var` in a `Sendable` final class and wrappers cannot be applied to `let`,
+/// so use it in a `struct`, an `actor`, or a global-actor-isolated class — or, in a `Sendable` final
+/// class, hold it as a plain `let`:
+///
+/// ```swift
+/// final class Forecasts: Sendable {
+///     let today = AsyncState<[Forecast]>(wrappedValue: [])
+/// }
+/// ```
+///
+/// ## Semantics
+///
+/// - **Value and phase are separate.** During ``AsyncPhase/loading`` and after
+///   ``AsyncPhase/failure(_:)`` the previous value stays readable; only success or empty replace it.
+/// - **Empty** is decided by a predicate: `isEmpty` for collections, `nil` for optionals, never for
+///   other types; an `isEmpty:` argument overrides all. Empty is a successful answer and stays fresh
+///   for the expiry like success.
+/// - **Expiry** is measured on the injected clock's monotonic instants, lazily (nothing runs when data
+///   expires): data is fresh for less than `expiry` after it arrived. Initial and failure are always
+///   expired. An `expiry` of zero or less means data is never fresh: every ``fetch(_:)`` runs the
+///   operation (still one at a time).
+/// - **Single flight.** Concurrent ``fetch(_:)`` and ``value(_:)`` calls join the flight in flight:
+///   one operation runs and every caller gets its outcome. A joining caller's operation is not run.
+///   ``refresh(_:)`` replaces the flight in flight; the older result is discarded.
+/// - **Newest write wins.** A result of a flight that was replaced, cancelled, or overtaken by
+///   ``set(_:)`` or ``reset()`` never lands.
+/// - **Cancellation is never a failure.** A caller whose task is cancelled stops waiting at once; the
+///   operation goes on while other callers wait, and is cancelled when the last one leaves.
+///   ``cancel()`` cancels it outright. Either way the phase goes back to what it was, the value
+///   untouched. An operation that throws `CancellationError` by itself counts as cancelled too.
+/// - **Reentrancy.** An operation that calls ``value(_:)`` on its own state (directly or through other
+///   states) would wait for itself: the call throws ``AsyncStateError/reentrantCall``; ``fetch(_:)``,
+///   ``refresh(_:)`` and ``retry()`` return at once without doing anything.
+/// - **Lifetime.** The operation's task keeps the state alive until it ends; once the last copy of the
+///   wrapper is gone and no operation runs, everything is freed and ``updates`` streams finish.
+///
+/// ## Testing
+///
+/// Pass a `VirtualClock` (from `AsyncStateTesting`) as `clock:`. The store's tasks take part in the
+/// clock's settling: when `advance(by:)` returns, a fetch whose operation was woken has settled.
+@propertyWrapper
+public struct AsyncState<Value: Sendable>: Sendable {
+    /// The operation that fetches the value.
+    public typealias Operation = @Sendable () async throws -> Value
+
+    let store: AsyncStateStore<Value>
+
+    /// Creates a state holding `wrappedValue` until the first fetch.
+    ///
+    /// - Parameters:
+    ///   - wrappedValue: The initial value (also what ``reset()`` goes back to).
+    ///   - expiry: How long fetched data stays fresh. Defaults to 120 seconds; zero or less means
+    ///     never fresh.
+    ///   - clock: The clock expiry is measured on. Defaults to `ContinuousClock()`; pass a
+    ///     `VirtualClock` in tests.
+    ///   - isEmpty: Decides whether a fetched value is ``AsyncPhase/empty``. Without it, a value is
+    ///     never empty (collections and optionals have their own initializers).
+    public init(
+        wrappedValue: Value,
+        expiry: Duration = .seconds(120),
+        clock: some Clock<Duration> = ContinuousClock(),
+        isEmpty: (@Sendable (Value) -> Bool)? = nil
+    ) {
+        store = AsyncStateStore(
+            initialValue: wrappedValue, expiry: expiry, clock: StoreClock(clock),
+            isEmpty: isEmpty ?? { _ in false })
+    }
+
+    /// Creates a state holding a collection; an empty collection is ``AsyncPhase/empty``.
+    ///
+    /// - Parameters:
+    ///   - wrappedValue: The initial value (also what ``reset()`` goes back to).
+    ///   - expiry: How long fetched data stays fresh. Defaults to 120 seconds.
+    ///   - clock: The clock expiry is measured on. Defaults to `ContinuousClock()`.
+    ///   - isEmpty: Overrides `Collection.isEmpty` as the emptiness test.
+    public init(
+        wrappedValue: Value,
+        expiry: Duration = .seconds(120),
+        clock: some Clock<Duration> = ContinuousClock(),
+        isEmpty: (@Sendable (Value) -> Bool)? = nil
+    ) where Value: Collection {
+        store = AsyncStateStore(
+            initialValue: wrappedValue, expiry: expiry, clock: StoreClock(clock),
+            isEmpty: isEmpty ?? { $0.isEmpty })
+    }
+
+    /// Creates a state holding an optional; `nil` is ``AsyncPhase/empty``.
+    ///
+    /// - Parameters:
+    ///   - wrappedValue: The initial value (also what ``reset()`` goes back to).
+    ///   - expiry: How long fetched data stays fresh. Defaults to 120 seconds.
+    ///   - clock: The clock expiry is measured on. Defaults to `ContinuousClock()`.
+    ///   - isEmpty: Overrides `== nil` as the emptiness test.
+    public init<Wrapped: Sendable>(
+        wrappedValue: Value,
+        expiry: Duration = .seconds(120),
+        clock: some Clock<Duration> = ContinuousClock(),
+        isEmpty: (@Sendable (Value) -> Bool)? = nil
+    ) where Value == Wrapped? {
+        store = AsyncStateStore(
+            initialValue: wrappedValue, expiry: expiry, clock: StoreClock(clock),
+            isEmpty: isEmpty ?? { $0 == nil })
+    }
+
+    // MARK: Reading
+
+    /// The latest value: a synchronous snapshot, kept while loading and after a failure.
+    public var wrappedValue: Value { store.cell.value }
+
+    /// The wrapper itself: `$name.value { … }`, `$name.phase`, and the rest of the API.
+    public var projectedValue: AsyncState<Value> { self }
+
+    /// The current phase: a synchronous snapshot.
+    public var phase: AsyncPhase { store.cell.phase }
+
+    /// Whether the data is older than `interval`, or there is no fresh data (never fetched, failed,
+    /// or invalidated). Measured on the state's clock.
+    public func hasExpired(in interval: Duration) -> Bool {
+        store.cell.hasExpired(in: interval, at: store.clock.now())
+    }
+
+    /// The current snapshot first, then one per transition, in order; finishes when the state is freed.
+    ///
+    /// Each subscriber has its own stream. One that does not keep up loses the oldest snapshots it has
+    /// not read (it keeps the newest 64), so memory stays bounded.
+    public var updates: AsyncStream<AsyncSnapshot<Value>> {
+        store.cell.subscribe(at: store.clock.now())
+    }
+
+    // MARK: Fetching
+
+    /// Fetches unless the data is fresh, and returns once the fetch has settled.
+    ///
+    /// Joins a fetch in flight instead of starting another. Never throws: the outcome is in ``phase``
+    /// (a failure is ``AsyncPhase/failure(_:)``). Returns at once when the caller's task is cancelled.
+    public func fetch(_ operation: @escaping Operation) async {
+        if store.cell.freshValue(at: store.clock.now()) != nil { return }
+        _ = try? await store.enter { try await $0.fetch(operation, mode: .ifExpired) }
+    }
+
+    /// Fetches even if the data is fresh, replacing a fetch in flight (whose result is discarded), and
+    /// returns once the fetch has settled.
+    public func refresh(_ operation: @escaping Operation) async {
+        _ = try? await store.enter { try await $0.fetch(operation, mode: .always) }
+    }
+
+    /// Returns the value: at once when fresh, else from the fetch in flight or a new one.
+    ///
+    /// ```swift
+    /// let config = try await $config.value { try await loadConfig() }
+    /// ```
+    ///
+    /// - Throws: The operation's error when the fetch fails; `CancellationError` when the caller's task
+    ///   is cancelled or the fetch is cancelled (``cancel()``, ``reset()``);
+    ///   ``AsyncStateError/reentrantCall`` when called from inside this state's own operation.
+    public func value(_ operation: @escaping Operation) async throws -> Value {
+        if let fresh = store.cell.freshValue(at: store.clock.now()) { return fresh }
+        return try await store.enter { try await $0.fetch(operation, mode: .ifExpired) }
+    }
+
+    /// Re-runs the last operation when the phase is ``AsyncPhase/failure(_:)`` or
+    /// ``AsyncPhase/empty``, and returns once it has settled. Otherwise — no operation yet, a fetch in
+    /// flight, or any other phase — does nothing.
+    public func retry() async {
+        _ = try? await store.enter { try await $0.retry() }
+    }
+
+    /// Marks the data expired: the next ``fetch(_:)`` goes to the source. A fetch in flight still
+    /// completes, but its result lands already expired.
+    public func invalidate() async {
+        _ = try? await store.enter { $0.invalidate() }
+    }
+
+    /// Cancels the fetch in flight, if any: its callers get `CancellationError`, the phase goes back to
+    /// what it was before the fetch, and the value is untouched.
+    public func cancel() async {
+        _ = try? await store.enter { $0.cancel() }
+    }
+
+    /// Writes a value (a manual or optimistic update), fresh from now: the phase becomes
+    /// ``AsyncPhase/success(_:)`` (or ``AsyncPhase/empty``). A fetch in flight is cancelled and its
+    /// callers get this value; its result never overwrites it.
+    public func set(_ value: Value) async {
+        _ = try? await store.enter { $0.set(value) }
+    }
+
+    /// Goes back to the initial value and ``AsyncPhase/initial``, forgetting the last operation. A
+    /// fetch in flight is cancelled and its callers get `CancellationError`.
+    public func reset() async {
+        _ = try? await store.enter { $0.reset() }
+    }
+}

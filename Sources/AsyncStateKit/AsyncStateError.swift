@@ -1,0 +1,15 @@
+/// Errors ``AsyncState`` itself reports (as opposed to errors thrown by your operations).
+public enum AsyncStateError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// An operation called ``AsyncState/value(_:)`` on the state it is fetching for (directly or through
+    /// other states). Waiting for its own result would never end, so the call throws this at once.
+    case reentrantCall
+
+    /// A readable explanation.
+    public var description: String {
+        switch self {
+        case .reentrantCall:
+            return
+                "AsyncState.value(_:) was called from inside an operation of the same state; it would wait for itself"
+        }
+    }
+}

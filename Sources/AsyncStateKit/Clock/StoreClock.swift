@@ -1,0 +1,26 @@
+import Foundation
+
+/// The few things a store needs from its clock, with the clock's type erased behind closures that
+/// were specialized when they were made (so a read costs one indirect call, not a generic lookup).
+struct StoreClock: Sendable {
+    /// The time since the clock's origin (its `now` when the store was made).
+    let now: @Sendable () -> Duration
+    /// The wall date for a success stamp.
+    let date: @Sendable () -> Date
+    /// Suspends until `offset` since the origin (cancellable).
+    let sleep: @Sendable (_ until: Duration) async throws -> Void
+    /// The executor preference for the store's tasks and for entering the store (see `SettlingClock`).
+    let executor: (any TaskExecutor)?
+
+    init<C: Clock<Duration>>(_ clock: C) {
+        let origin = clock.now
+        now = { origin.duration(to: clock.now) }
+        if let dated = clock as? any DatedClock {
+            date = { dated.date }
+        } else {
+            date = { Date() }
+        }
+        sleep = { offset in try await clock.sleep(until: origin.advanced(by: offset), tolerance: nil) }
+        executor = clock.settlingExecutor
+    }
+}

@@ -1,0 +1,90 @@
+/// The published state of a store, behind the package's lock: what synchronous readers
+/// (`wrappedValue`, `phase`, `hasExpired(in:)`, the fresh-hit path of `value`) and the `updates`
+/// subscribers see. Only the store writes it, once per transition.
+final class SnapshotCell<Value: Sendable>: Sendable {
+    /// The guarded contents.
+    struct Contents {
+        /// The latest value.
+        var value: Value
+        /// The current phase.
+        var phase: AsyncPhase
+        /// When the current data arrived fresh, or `nil` (see `FetchStateMachine.freshSince`).
+        var freshSince: Duration?
+        /// The `updates` subscribers, by id.
+        var subscribers: [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation] = [:]
+        /// The next subscriber id.
+        var nextSubscriber: UInt64 = 0
+    }
+
+    /// How long data stays fresh (zero or less: never).
+    let expiry: Duration
+    /// How many snapshots a subscriber that does not keep up may have queued; older ones are dropped.
+    static var subscriberBuffer: Int { 64 }
+
+    private let contents: LockedValue<Contents>
+
+    init(value: Value, expiry: Duration) {
+        self.expiry = expiry
+        contents = LockedValue(Contents(value: value, phase: .initial, freshSince: nil))
+    }
+
+    deinit {
+        // The store is gone: nothing will change again, so every stream ends. Finishing runs no code
+        // of ours (no onTermination handlers are installed).
+        let subscribers = contents.withLock { $0.subscribers }
+        for continuation in subscribers.values { continuation.finish() }
+    }
+
+    var value: Value { contents.withLock { $0.value } }
+
+    var phase: AsyncPhase { contents.withLock { $0.phase } }
+
+    /// The value if the data is fresh at `now`, else `nil`: the hit path of `value` and `fetch`.
+    func freshValue(at now: Duration) -> Value? {
+        contents.withLock { contents in
+            guard let since = contents.freshSince, now - since < expiry else { return nil }
+            return contents.value
+        }
+    }
+
+    /// Whether the data is older than `interval` at `now`, or was never fresh, or was invalidated.
+    func hasExpired(in interval: Duration, at now: Duration) -> Bool {
+        contents.withLock { contents in
+            guard let since = contents.freshSince else { return true }
+            return now - since >= interval
+        }
+    }
+
+    /// Publishes a transition: stores it and sends it to every subscriber.
+    func publish(_ snapshot: AsyncSnapshot<Value>, freshSince: Duration?) {
+        contents.withLock { contents in
+            contents.value = snapshot.value
+            contents.phase = snapshot.phase
+            contents.freshSince = freshSince
+            // Yielding under the lock keeps every subscriber's order equal to the publication order,
+            // also against a subscription made concurrently. `yield` never blocks and runs none of our
+            // code (a consumer is resumed by enqueueing it); subscribers that ended are dropped here
+            // rather than from an `onTermination` handler, which would take this lock from inside the
+            // stream's own machinery.
+            for (id, continuation) in contents.subscribers {
+                if case .terminated = continuation.yield(snapshot) { contents.subscribers[id] = nil }
+            }
+        }
+    }
+
+    /// A new stream that starts with the current snapshot (expired or not at `now`).
+    func subscribe(at now: Duration) -> AsyncStream<AsyncSnapshot<Value>> {
+        let (stream, continuation) = AsyncStream.makeStream(
+            of: AsyncSnapshot<Value>.self, bufferingPolicy: .bufferingNewest(Self.subscriberBuffer))
+        contents.withLock { contents in
+            let fresh = contents.freshSince.map { now - $0 < expiry } ?? false
+            continuation.yield(AsyncSnapshot(value: contents.value, phase: contents.phase, isExpired: !fresh))
+            contents.nextSubscriber &+= 1
+            contents.subscribers[contents.nextSubscriber] = continuation
+        }
+        return stream
+    }
+
+    /// The number of live subscribers (ended ones are counted until the next publication).
+    var subscriberCount: Int { contents.withLock { $0.subscribers.count } }
+}
