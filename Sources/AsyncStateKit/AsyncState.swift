@@ -155,13 +155,13 @@ public struct AsyncState<Value: Sendable>: Sendable {
     /// (a failure is ``AsyncPhase/failure(_:)``). Returns at once when the caller's task is cancelled.
     public func fetch(_ operation: @escaping Operation) async {
         if store.cell.freshValue(at: store.clock.now()) != nil { return }
-        _ = try? await store.enter { try await $0.fetch(operation, mode: .ifExpired) }
+        _ = try? await store.fetch(operation, mode: .ifExpired)
     }
 
     /// Fetches even if the data is fresh, replacing a fetch in flight (whose result is discarded), and
     /// returns once the fetch has settled.
     public func refresh(_ operation: @escaping Operation) async {
-        _ = try? await store.enter { try await $0.fetch(operation, mode: .always) }
+        _ = try? await store.fetch(operation, mode: .always)
     }
 
     /// Returns the value: at once when fresh, else from the fetch in flight or a new one.
@@ -175,14 +175,14 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///   ``AsyncStateError/reentrantCall`` when called from inside this state's own operation.
     public func value(_ operation: @escaping Operation) async throws -> Value {
         if let fresh = store.cell.freshValue(at: store.clock.now()) { return fresh }
-        return try await store.enter { try await $0.fetch(operation, mode: .ifExpired) }
+        return try await store.fetch(operation, mode: .ifExpired)
     }
 
     /// Re-runs the last operation when the phase is ``AsyncPhase/failure(_:)`` or
     /// ``AsyncPhase/empty``, and returns once it has settled. Otherwise — no operation yet, a fetch in
     /// flight, or any other phase — does nothing.
     public func retry() async {
-        _ = try? await store.enter { try await $0.retry() }
+        try? await store.retry()
     }
 
     /// Marks the data expired: the next ``fetch(_:)`` goes to the source. A fetch in flight still

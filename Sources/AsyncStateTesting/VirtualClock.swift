@@ -109,7 +109,8 @@ public final class VirtualClock: Clock, SettlingClock, DatedClock, Sendable {
     public var stallTimeout: Duration { core.stallTimeout }
 
     private let core: VirtualClockCore
-    private let executor: SettlingExecutor
+    private let executor: SettlingTaskExecutor
+    private let actorExecutor: SettlingSerialExecutor
     private let onStall: @Sendable (Stall) -> Void
 
     /// Creates a clock at virtual time zero, whose wall ``date`` starts at 2001-01-01 00:00:00 UTC.
@@ -133,7 +134,8 @@ public final class VirtualClock: Clock, SettlingClock, DatedClock, Sendable {
         self.startDate = startDate
         let core = VirtualClockCore(stallTimeout: stallTimeout)
         self.core = core
-        self.executor = SettlingExecutor(core: core)
+        self.executor = SettlingTaskExecutor(core: core)
+        self.actorExecutor = SettlingSerialExecutor(core: core)
         self.onStall = onStall ?? { stall in reportIssue(stall.description, at: stall.location) }
     }
 
@@ -154,8 +156,11 @@ public final class VirtualClock: Clock, SettlingClock, DatedClock, Sendable {
         startDate.addingTimeInterval(now.offset.timeInterval)
     }
 
-    /// The executor that makes work take part in settling (see ``SettlingClock``).
+    /// The executor that makes tasks take part in settling (see ``SettlingClock``).
     public var taskExecutor: any TaskExecutor { executor }
+
+    /// The serial executor that makes an actor's jobs take part in settling (see ``SettlingClock``).
+    public var serialExecutor: any SerialExecutor { actorExecutor }
 
     /// Suspends until virtual time reaches `deadline`.
     ///

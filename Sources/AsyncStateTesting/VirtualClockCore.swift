@@ -75,16 +75,19 @@ final class VirtualClockCore: Sendable {
 
     // MARK: Executor bookkeeping
 
-    func jobEnqueued() {
+    /// Counts a job, then runs it on the serial queue and counts it finished. Both executors of the
+    /// clock schedule through here.
+    func schedule(_ run: @escaping @Sendable () -> Void) {
         state.withLock { $0.jobs += 1 }
+        queue.async { [self] in
+            let thread = pthread_self()
+            state.withLock { $0.jobThread = thread }
+            run()
+            jobFinished()
+        }
     }
 
-    func jobStarted() {
-        let thread = pthread_self()
-        state.withLock { $0.jobThread = thread }
-    }
-
-    func jobFinished() {
+    private func jobFinished() {
         let waiters = state.withLock { state -> [CheckedContinuation<Bool, Never>] in
             state.jobThread = nil
             state.jobs -= 1

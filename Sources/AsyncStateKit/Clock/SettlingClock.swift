@@ -1,25 +1,37 @@
-/// A clock that can tell when the work it woke has settled, because that work runs on an executor
+/// A clock that can tell when the work it woke has settled, because that work runs on executors
 /// the clock watches.
 ///
 /// A test clock such as `VirtualClock` (in `AsyncStateTesting`) moves time forward only when told to,
 /// and after each wake waits until the woken work has run to its next suspension. It can only see
-/// work that runs on its ``taskExecutor``: a library that starts tasks on behalf of a clock-driven
-/// caller should start them with that executor as their preference, and should run calls into its own
-/// actors under it, so that the clock counts them:
+/// work that runs on its executors, so a library that does work on behalf of a clock-driven caller
+/// takes part like this:
+///
+/// - tasks it starts prefer ``taskExecutor``:
+///   `Task(executorPreference: clock.taskExecutor) { … }`;
+/// - actors that hold state driven by the clock run on ``serialExecutor``, by returning
+///   `clock.serialExecutor.asUnownedSerialExecutor()` from `unownedExecutor`. (A default actor does
+///   not do: jobs queued on it while it is busy may be drained on the global executor, out of sight.)
 ///
 /// ```swift
-/// func startRefresh<C: Clock<Duration>>(on clock: C, _ work: @escaping @Sendable () async -> Void) -> Task<Void, Never> {
-///     Task(executorPreference: (clock as? any SettlingClock)?.taskExecutor) { await work() }
+/// actor Poller {
+///     nonisolated let unownedExecutor: UnownedSerialExecutor
+///     init(clock: some SettlingClock) {
+///         unownedExecutor = clock.serialExecutor.asUnownedSerialExecutor()
+///     }
 /// }
 /// ```
 ///
 /// Real clocks (`ContinuousClock`, `SuspendingClock`) do not conform; for them there is nothing to
-/// settle and tasks run on the global concurrent executor as usual. `@AsyncState` does this for its
-/// own tasks, which is why a test can assert on a state right after advancing a virtual clock.
+/// settle. `@AsyncState` does all of this for its own store and tasks, which is why a test can assert on
+/// a state right after advancing a virtual clock.
 public protocol SettlingClock: Clock {
     /// The executor that tasks started on behalf of this clock should prefer, so that the clock can
     /// count their work and wait for it to settle.
     var taskExecutor: any TaskExecutor { get }
+
+    /// A serial executor, watched like ``taskExecutor``, for actors whose work this clock drives.
+    /// The clock must keep it alive as long as the clock lives.
+    var serialExecutor: any SerialExecutor { get }
 }
 
 extension Clock {
@@ -27,5 +39,10 @@ extension Clock {
     /// ``SettlingClock/taskExecutor`` when it has one, otherwise `nil` (no preference).
     package var settlingExecutor: (any TaskExecutor)? {
         (self as? any SettlingClock)?.taskExecutor
+    }
+
+    /// The serial executor for actors driven by this clock, when it is a ``SettlingClock``.
+    package var settlingSerialExecutor: (any SerialExecutor)? {
+        (self as? any SettlingClock)?.serialExecutor
     }
 }

@@ -9,8 +9,10 @@ struct StoreClock: Sendable {
     let date: @Sendable () -> Date
     /// Suspends until `offset` since the origin (cancellable).
     let sleep: @Sendable (_ until: Duration) async throws -> Void
-    /// The executor preference for the store's tasks and for entering the store (see `SettlingClock`).
+    /// The executor preference for the store's tasks (see `SettlingClock`).
     let executor: (any TaskExecutor)?
+    /// The serial executor for the store's actor, when the clock settles (see `SettlingClock`).
+    let serialExecutor: (any SerialExecutor)?
 
     init<C: Clock<Duration>>(_ clock: C) {
         let origin = clock.now
@@ -22,5 +24,6 @@ struct StoreClock: Sendable {
         }
         sleep = { offset in try await clock.sleep(until: origin.advanced(by: offset), tolerance: nil) }
         executor = clock.settlingExecutor
+        serialExecutor = clock.settlingSerialExecutor
     }
 }

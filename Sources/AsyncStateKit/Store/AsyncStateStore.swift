@@ -1,5 +1,9 @@
 import Foundation
 
+/// A default actor whose executor a store shares when its clock does not settle: the store then
+/// behaves exactly like a default actor.
+private actor ExecutorHost {}
+
 /// The stores whose operations the current task is running (directly or through nested states), so
 /// a call that would wait for its own result is refused instead of hanging.
 enum OperationContext {
@@ -9,11 +13,16 @@ enum OperationContext {
 /// The actor shell of an ``AsyncState``: it feeds events to a ``FetchStateMachine`` and performs the
 /// actions — starts and cancels the operation's task, resumes waiters, publishes snapshots.
 ///
-/// Callers enter it under the clock's executor preference (see ``enter(_:)``), and its operation tasks
-/// prefer that executor too, so under a `VirtualClock` all of its work is counted by the clock's
-/// settling and never contends for the actor with work the clock cannot see.
+/// Under a settling clock (`VirtualClock`) the actor runs on the clock's serial executor and its
+/// operation tasks prefer the clock's task executor, so every job of the store is counted by the
+/// clock's settling. Otherwise it shares the executor of a plain default actor it owns.
 actor AsyncStateStore<Value: Sendable> {
     typealias Operation = @Sendable () async throws -> Value
+
+    /// The actor's executor: the clock's serial executor, or a private default actor's.
+    nonisolated let unownedExecutor: UnownedSerialExecutor
+    /// Keeps the object behind ``unownedExecutor`` alive.
+    private nonisolated let executorOwner: any Sendable
 
     /// What synchronous readers and `updates` see.
     nonisolated let cell: SnapshotCell<Value>
@@ -21,7 +30,8 @@ actor AsyncStateStore<Value: Sendable> {
     nonisolated let clock: StoreClock
 
     private var machine: FetchStateMachine<Value>
-    private var waiters: [FetchStateMachine<Value>.WaiterID: CheckedContinuation<Value, any Error>] = [:]
+    /// The continuations of waiting callers (outside the actor; see ``WaiterTable``).
+    nonisolated let waiters = WaiterTable<Value>()
     private var operations: [FetchStateMachine<Value>.FlightID: Task<Void, Never>] = [:]
     private var lastOperation: Operation?
     private var nextWaiter: UInt64 = 0
@@ -31,18 +41,25 @@ actor AsyncStateStore<Value: Sendable> {
         isEmpty: @escaping @Sendable (Value) -> Bool
     ) {
         self.clock = clock
+        if let serial = clock.serialExecutor {
+            executorOwner = serial
+            unownedExecutor = serial.asUnownedSerialExecutor()
+        } else {
+            let host = ExecutorHost()
+            executorOwner = host
+            unownedExecutor = host.unownedExecutor
+        }
         self.cell = SnapshotCell(value: initialValue, expiry: expiry)
         self.machine = FetchStateMachine(initialValue: initialValue, expiry: expiry, isEmpty: isEmpty)
     }
 
     // MARK: Entering
 
-    /// Runs `body` on this store under the clock's executor preference (none for real clocks).
+    /// Runs `body` on this store.
     nonisolated func enter<Result: Sendable>(
-        _ body: @Sendable (isolated AsyncStateStore<Value>) async throws -> Result
+        _ body: @Sendable (isolated AsyncStateStore<Value>) throws -> Result
     ) async throws -> Result {
-        guard let executor = clock.executor else { return try await body(self) }
-        return try await withTaskExecutorPreference(executor) { try await body(self) }
+        try await body(self)
     }
 
     /// Whether the current task is running an operation of this store.
@@ -52,16 +69,42 @@ actor AsyncStateStore<Value: Sendable> {
 
     // MARK: Events from callers
 
+    /// What a caller gets from the actor: an answer now, or a waiter id to wait on (outside the
+    /// actor, in ``waiters``).
+    enum Ticket: Sendable {
+        /// The answer, at once.
+        case value(Value)
+        /// Wait for waiter `id`.
+        case wait(FetchStateMachine<Value>.WaiterID)
+    }
+
     /// Gets the value: fresh data at once, else the outcome of the flight in flight or of a new one.
-    func fetch(_ operation: @escaping Operation, mode: FetchStateMachine<Value>.FetchMode) async throws -> Value {
+    nonisolated func fetch(_ operation: @escaping Operation, mode: FetchStateMachine<Value>.FetchMode) async throws
+        -> Value
+    {
+        switch try await enter({ try $0.requestFetch(operation, mode: mode) }) {
+        case .value(let value): return value
+        case .wait(let id): return try await wait(id)
+        }
+    }
+
+    /// Re-runs the last operation if the phase is failure or empty and waits for it; otherwise
+    /// returns at once.
+    nonisolated func retry() async throws {
+        if let id = try await enter({ try $0.requestRetry() }) { _ = try await wait(id) }
+    }
+
+    private func requestFetch(_ operation: @escaping Operation, mode: FetchStateMachine<Value>.FetchMode) throws
+        -> Ticket
+    {
         let now = clock.now()
-        if mode == .ifExpired, machine.isFresh(at: now) { return machine.value }
+        if mode == .ifExpired, machine.isFresh(at: now) { return .value(machine.value) }
         if isReentrant { throw AsyncStateError.reentrantCall }
         try Task.checkCancellation()
         let waiter = makeWaiter()
         switch machine.fetch(waiter: waiter, mode: mode, now: now) {
         case .returnFresh(let value):
-            return value
+            return .value(value)
         case .join:
             break
         case .start(let id, let cancelling):
@@ -70,19 +113,21 @@ actor AsyncStateStore<Value: Sendable> {
             start(id, operation)
             publish(at: now)
         }
-        return try await wait(waiter)
+        waiters.add(waiter)
+        return .wait(waiter)
     }
 
-    /// Re-runs the last operation if the phase is failure or empty; otherwise returns at once.
-    func retry() async throws {
+    /// Starts a retry flight and returns the caller's waiter, or `nil` when there is nothing to retry.
+    private func requestRetry() throws -> FetchStateMachine<Value>.WaiterID? {
         if isReentrant { throw AsyncStateError.reentrantCall }
         try Task.checkCancellation()
-        guard let operation = lastOperation else { return }
+        guard let operation = lastOperation else { return nil }
         let waiter = makeWaiter()
-        guard case .start(let id) = machine.retry(waiter: waiter) else { return }
+        guard case .start(let id) = machine.retry(waiter: waiter) else { return nil }
         start(id, operation)
         publish(at: clock.now())
-        _ = try await wait(waiter)
+        waiters.add(waiter)
+        return waiter
     }
 
     func invalidate() {
@@ -148,22 +193,16 @@ actor AsyncStateStore<Value: Sendable> {
         return nextWaiter
     }
 
-    /// Suspends the caller until its waiter is resumed; a cancelled caller leaves at once.
-    private func wait(_ waiter: FetchStateMachine<Value>.WaiterID) async throws -> Value {
-        try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { continuation in
-                waiters[waiter] = continuation
-            }
-        } onCancel: {
-            // Runs on the cancelling thread; the store handles it on the actor, after the
-            // continuation above is registered (the actor is held until this task suspends).
-            let executor = clock.executor
-            Task(executorPreference: executor) { await self.waiterCancelled(waiter) }
+    /// Suspends the caller (outside the actor) until its waiter is resumed. A cancelled caller leaves
+    /// at once; the store then learns of it on the actor, and cancels the flight if it was the last.
+    private nonisolated func wait(_ waiter: FetchStateMachine<Value>.WaiterID) async throws -> Value {
+        try await waiters.wait(waiter) { [clock] in
+            Task(executorPreference: clock.executor) { await self.waiterCancelled(waiter) }
         }
     }
 
     private func resume(_ waiter: FetchStateMachine<Value>.WaiterID, with result: Result<Value, any Error>) {
-        waiters.removeValue(forKey: waiter)?.resume(with: result)
+        waiters.resume(waiter, with: result)
     }
 
     /// Cancels the operation of a flight an event ended and resumes its waiters with `result`.

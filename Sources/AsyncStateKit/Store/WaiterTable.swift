@@ -1,0 +1,69 @@
+/// The continuations of callers waiting for a flight, behind the package's lock, outside the actor.
+///
+/// Why not in the actor: a continuation created inside actor-isolated code resumes onto the actor,
+/// and one resumed while the actor is busy (say, by `set` cancelling a flight) is queued behind it
+/// and later drained wherever the runtime chooses — under a `VirtualClock`, out of the clock's sight,
+/// so settling could not wait for it. A continuation created here, in nonisolated code, resumes on
+/// the waiting task's own executor. It also lets a cancelled caller leave at once, without a hop.
+///
+/// Each waiter goes `pending` (the actor handed out its id) → `waiting` (its continuation is
+/// registered) → gone (resumed). A result or a cancellation that arrives while it is still `pending`
+/// is kept as `resolved` and delivered on registration, so nothing is lost to the order of events.
+final class WaiterTable<Value: Sendable>: Sendable {
+    typealias ID = UInt64
+
+    private enum Slot {
+        case pending
+        case waiting(CheckedContinuation<Value, any Error>)
+        case resolved(Result<Value, any Error>)
+    }
+
+    private let slots = LockedValue<[ID: Slot]>([:])
+
+    /// Announces waiter `id`; called by the actor when it hands the id out.
+    func add(_ id: ID) {
+        slots.withLock { $0[id] = .pending }
+    }
+
+    /// Suspends until waiter `id` is resumed. If the task is cancelled, it stops waiting at once with
+    /// `CancellationError` and `onCancel` tells the store (which may cancel the flight).
+    func wait(_ id: ID, onCancel: @escaping @Sendable () -> Void) async throws -> Value {
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { continuation in
+                let early = slots.withLock { slots -> Result<Value, any Error>? in
+                    if case .resolved(let result) = slots[id] {
+                        slots[id] = nil
+                        return result
+                    }
+                    slots[id] = .waiting(continuation)
+                    return nil
+                }
+                if let early { continuation.resume(with: early) }
+            }
+        } onCancel: {
+            resume(id, with: .failure(CancellationError()))
+            onCancel()
+        }
+    }
+
+    /// Resumes waiter `id` with `result` (outside the lock), or keeps the result for it if it has not
+    /// registered yet. A waiter that was already resumed is left alone: its first outcome stands.
+    func resume(_ id: ID, with result: Result<Value, any Error>) {
+        let continuation = slots.withLock { slots -> CheckedContinuation<Value, any Error>? in
+            switch slots[id] {
+            case .pending:
+                slots[id] = .resolved(result)
+                return nil
+            case .waiting(let continuation):
+                slots[id] = nil
+                return continuation
+            case .resolved, nil:
+                return nil
+            }
+        }
+        continuation?.resume(with: result)
+    }
+
+    /// The number of waiters not yet resumed-and-gone (for tests).
+    var count: Int { slots.withLock { $0.count } }
+}

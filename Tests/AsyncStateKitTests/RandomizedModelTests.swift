@@ -1,0 +1,296 @@
+import AsyncStateTesting
+import Foundation
+import Testing
+
+@testable import AsyncStateKit
+
+/// A small reference model of the semantics, written independently of `FetchStateMachine`: what the
+/// phase, value, freshness, operations in flight and callers' outcomes must be after each step.
+struct ReferenceModel {
+    struct Operation: Equatable {
+        var result: Int
+        var fails: Bool
+        var duration: Duration
+    }
+
+    struct Flight {
+        var operation: Operation
+        var ends: Duration
+        var waiters: [Int]
+        var phaseBefore: String
+        var successDateBefore: Duration?
+        var landsExpired: Bool
+    }
+
+    static let initialValue = -1
+    let expiry: Duration
+
+    var now: Duration = .zero
+    var value = initialValue
+    var phase = "initial"
+    var successAt: Duration?
+    var freshSince: Duration?
+    var flight: Flight?
+    var lastOperation: Operation?
+    /// Callers' outcomes: "value(n)", "failed", "cancelled" (value callers) or "done" (others).
+    var outcomes: [Int: String] = [:]
+    /// Whether each caller awaits a value (`value`) or just completion (`refresh`, `retry`).
+    var wantsValue: [Int: Bool] = [:]
+
+    var isFresh: Bool { freshSince.map { now - $0 < expiry } ?? false }
+
+    mutating func resolve(_ caller: Int, _ outcome: String) {
+        outcomes[caller] = wantsValue[caller] == true ? outcome : "done"
+    }
+
+    mutating func startFlight(_ operation: Operation, waiters: [Int]) {
+        let before = flight.map { ($0.phaseBefore, $0.successDateBefore) } ?? (phase, successAt)
+        flight = Flight(
+            operation: operation, ends: now + operation.duration, waiters: waiters, phaseBefore: before.0,
+            successDateBefore: before.1, landsExpired: false)
+        lastOperation = operation
+        phase = "loading"
+    }
+
+    mutating func endFlight(resolvingWith outcome: String) {
+        guard let ended = flight else { return }
+        flight = nil
+        for waiter in ended.waiters { resolve(waiter, outcome) }
+    }
+
+    mutating func restorePhase(of ended: Flight) {
+        phase = ended.phaseBefore
+        successAt = ended.successDateBefore
+    }
+
+    mutating func value(caller: Int, _ operation: Operation) {
+        wantsValue[caller] = true
+        if isFresh { return resolve(caller, "value(\(value))") }
+        if flight != nil { return flight!.waiters.append(caller) }
+        startFlight(operation, waiters: [caller])
+    }
+
+    mutating func refresh(caller: Int, _ operation: Operation) {
+        wantsValue[caller] = false
+        startFlight(operation, waiters: (flight?.waiters ?? []) + [caller])
+    }
+
+    mutating func retry(caller: Int) {
+        wantsValue[caller] = false
+        guard let last = lastOperation, flight == nil, phase == "failure" || phase == "empty" else {
+            return resolve(caller, "done")
+        }
+        startFlight(last, waiters: [caller])
+    }
+
+    mutating func write(_ newValue: Int) {
+        endFlight(resolvingWith: "value(\(newValue))")
+        value = newValue
+        phase = newValue == 0 ? "empty" : "success"
+        successAt = newValue == 0 ? nil : now
+        freshSince = now
+    }
+
+    mutating func invalidate() {
+        freshSince = nil
+        flight?.landsExpired = true
+    }
+
+    mutating func cancel() {
+        guard let ended = flight else { return }
+        endFlight(resolvingWith: "cancelled")
+        restorePhase(of: ended)
+    }
+
+    mutating func reset() {
+        endFlight(resolvingWith: "cancelled")
+        value = Self.initialValue
+        phase = "initial"
+        successAt = nil
+        freshSince = nil
+        lastOperation = nil
+    }
+
+    mutating func cancelCaller(_ caller: Int) {
+        guard var current = flight, let index = current.waiters.firstIndex(of: caller) else { return }
+        current.waiters.remove(at: index)
+        resolve(caller, "cancelled")
+        if current.waiters.isEmpty {
+            flight = nil
+            restorePhase(of: current)
+        } else {
+            flight = current
+        }
+    }
+
+    mutating func advance(by duration: Duration) {
+        let target = now + duration
+        if let current = flight, current.ends <= target {
+            now = current.ends
+            flight = nil
+            if current.operation.fails {
+                phase = "failure"
+                successAt = nil
+                freshSince = nil
+                for waiter in current.waiters { resolve(waiter, "failed") }
+            } else {
+                value = current.operation.result
+                phase = value == 0 ? "empty" : "success"
+                successAt = value == 0 ? nil : now
+                freshSince = current.landsExpired ? nil : now
+                for waiter in current.waiters { resolve(waiter, "value(\(value))") }
+            }
+        }
+        now = target
+    }
+}
+
+@Suite struct RandomizedModelTests {
+    static let expiry = Duration.seconds(4)
+
+    /// Runs one random sequence of `steps` steps; returns a failure report, or nil.
+    static func runSequence(seed: UInt64, steps: Int) async -> String? {
+        var random = SplitMix64(seed: seed)
+        let clock = VirtualClock()
+        let state = AsyncState<Int>(
+            wrappedValue: ReferenceModel.initialValue, expiry: expiry, clock: clock, isEmpty: { $0 == 0 })
+        let running = LockedValue(0)
+        let outcomes = LockedValue([Int: String]())
+        var tasks: [Int: Task<Void, any Error>] = [:]
+        var model = ReferenceModel(expiry: expiry)
+        var log: [String] = []
+
+        func makeOperation() -> (ReferenceModel.Operation, @Sendable () async throws -> Int) {
+            let spec = ReferenceModel.Operation(
+                result: Int(random.next() % 6), fails: random.next() % 4 == 0,
+                duration: .milliseconds(500 * Int64(1 + random.next() % 4)))
+            return (
+                spec,
+                {
+                    running.withLock { $0 += 1 }
+                    defer { running.withLock { $0 -= 1 } }
+                    try await clock.sleep(for: spec.duration)
+                    if spec.fails { throw SourceDown() }
+                    return spec.result
+                }
+            )
+        }
+        func record(_ caller: Int, _ body: @escaping @Sendable () async throws -> String) {
+            tasks[caller] = clock.task {
+                let outcome: String
+                do { outcome = try await body() } catch is CancellationError { outcome = "cancelled" } catch {
+                    outcome = "failed"
+                }
+                outcomes.withLock { $0[caller] = outcome }
+            }
+        }
+
+        for step in 0..<steps {
+            let caller = step
+            switch random.next() % 10 {
+            case 0, 1:
+                let (spec, operation) = makeOperation()
+                log.append("value(\(spec.result)\(spec.fails ? "!" : "") \(spec.duration))")
+                record(caller) { "value(\(try await state.value(operation)))" }
+                model.value(caller: caller, spec)
+            case 2:
+                let (spec, operation) = makeOperation()
+                log.append("refresh(\(spec.result)\(spec.fails ? "!" : "") \(spec.duration))")
+                record(caller) {
+                    await state.refresh(operation)
+                    return "done"
+                }
+                model.refresh(caller: caller, spec)
+            case 3:
+                log.append("retry")
+                record(caller) {
+                    await state.retry()
+                    return "done"
+                }
+                model.retry(caller: caller)
+            case 4:
+                let newValue = Int(random.next() % 3)
+                log.append("set(\(newValue))")
+                await state.set(newValue)
+                model.write(newValue)
+            case 5:
+                log.append("invalidate")
+                await state.invalidate()
+                model.invalidate()
+            case 6:
+                log.append(random.next() % 3 == 0 ? "reset" : "cancel")
+                if log.last == "reset" {
+                    await state.reset()
+                    model.reset()
+                } else {
+                    await state.cancel()
+                    model.cancel()
+                }
+            case 7:
+                let waiting = model.flight?.waiters ?? []
+                guard !waiting.isEmpty else { continue }
+                let victim = waiting[Int(random.next() % UInt64(waiting.count))]
+                log.append("cancelCaller(\(victim))")
+                tasks[victim]?.cancel()
+                model.cancelCaller(victim)
+            default:
+                let duration = Duration.milliseconds(250 * Int64(random.next() % 9))
+                log.append("advance(\(duration))")
+                await clock.advance(by: duration)
+                model.advance(by: duration)
+            }
+            await clock.settle()
+
+            var problems: [String] = []
+            if state.phase.name != model.phase { problems.append("phase \(state.phase.name) ≠ \(model.phase)") }
+            if state.wrappedValue != model.value { problems.append("value \(state.wrappedValue) ≠ \(model.value)") }
+            if state.hasExpired(in: expiry) == model.isFresh { problems.append("fresh ≠ \(model.isFresh)") }
+            let expectedDate =
+                model.phase == "success"
+                ? model.successAt.map { Date(timeIntervalSinceReferenceDate: Double($0 / .milliseconds(1)) / 1_000) }
+                : nil
+            if state.phase.lastUpdated != expectedDate {
+                problems.append(
+                    "date \(String(describing: state.phase.lastUpdated)) ≠ \(String(describing: expectedDate))")
+            }
+            let inFlight = running.withLock { $0 }
+            if inFlight != (model.flight == nil ? 0 : 1) { problems.append("operations running: \(inFlight)") }
+            let seen = outcomes.withLock { $0 }
+            if seen != model.outcomes {
+                problems.append(
+                    "callers \(seen.sorted { $0.key < $1.key }) ≠ \(model.outcomes.sorted { $0.key < $1.key })")
+            }
+            if !problems.isEmpty {
+                for task in tasks.values { task.cancel() }
+                await state.cancel()
+                return
+                    "seed \(seed), after step \(step) [\(log.joined(separator: ", "))]: \(problems.joined(separator: "; "))"
+            }
+        }
+        // No caller is left hanging: every flight ends within its longest duration.
+        await clock.advance(by: .seconds(10))
+        model.advance(by: .seconds(10))
+        let unresolved = Set(tasks.keys).subtracting(outcomes.withLock { $0 }.keys)
+        guard unresolved.isEmpty else { return "seed \(seed): callers never resolved: \(unresolved.sorted())" }
+        guard clock.pendingSleepers == 0 else { return "seed \(seed): sleepers left: \(clock.pendingSleepers)" }
+        guard state.store.waiters.count == 0 else {
+            return "seed \(seed): waiter slots left: \(state.store.waiters.count)"
+        }
+        return nil
+    }
+
+    @Test func randomSequencesAgreeWithTheReferenceModel() async {
+        let base = ProcessInfo.processInfo.environment["ASYNCSTATE_SEED"].flatMap(UInt64.init) ?? 20_261_122
+        let count = ProcessInfo.processInfo.environment["ASYNCSTATE_SEQUENCES"].flatMap(Int.init) ?? 2_000
+        var failures: [String] = []
+        for index in 0..<UInt64(count) {
+            if let failure = await Self.runSequence(seed: base &+ index, steps: 24) {
+                failures.append(failure)
+                if failures.count == 3 { break }
+            }
+        }
+        #expect(
+            failures.isEmpty,
+            "replay with ASYNCSTATE_SEED=<seed> ASYNCSTATE_SEQUENCES=1:\n\(failures.joined(separator: "\n"))")
+    }
+}
