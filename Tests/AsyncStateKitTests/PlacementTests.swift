@@ -1,82 +1,36 @@
-// The README's "Where it can live" examples, compiled and exercised.
+// Exercises the README's "Where the wrapper can live" types (Readme/Placement.swift).
 import AsyncStateKit
 import AsyncStateTesting
 import Testing
 
-struct Forecast: Sendable, Equatable {
-    var city: String
-    var celsius: Int
-}
-
-func loadForecasts() async throws -> [Forecast] {
-    [Forecast(city: "Oslo", celsius: -3)]
-}
-
-// 1. In a struct: copies share one state.
-struct WeatherService {
-    @AsyncState var forecasts: [Forecast] = []
-
-    func current() async throws -> [Forecast] {
-        try await $forecasts.value { try await loadForecasts() }
-    }
-}
-
-// 2. In an actor.
-actor WeatherCache {
-    @AsyncState(expiry: .seconds(60)) var forecasts: [Forecast] = []
-
-    func current() async throws -> [Forecast] {
-        try await $forecasts.value { try await loadForecasts() }
-    }
-}
-
-// 3. In a global-actor-isolated class.
-@MainActor
-final class WeatherModel {
-    @AsyncState var forecasts: [Forecast] = []
-
-    func reload() async {
-        await $forecasts.refresh { try await loadForecasts() }
-    }
-}
-
-// 4. In a Sendable final class: a `let`, not a wrapped `var`.
-final class WeatherStore: Sendable {
-    let forecasts = AsyncState<[Forecast]>(wrappedValue: [])
-
-    func current() async throws -> [Forecast] {
-        try await forecasts.value { try await loadForecasts() }
-    }
-}
-
 @Suite struct PlacementTests {
-    static let oslo = [Forecast(city: "Oslo", celsius: -3)]
+    static func cities(_ forecasts: [Forecast]) -> [String] { forecasts.map(\.city) }
 
     @Test func inAStructCopiesShareOneState() async throws {
         let service = WeatherService()
         let copy = service
-        #expect(try await service.current() == Self.oslo)
-        #expect(copy.forecasts == Self.oslo)
+        _ = try await service.$forecasts.value { try await loadForecasts() }
+        #expect(Self.cities(copy.forecasts) == ["Oslo"])
         #expect(copy.$forecasts.phase.name == "success")
     }
 
     @Test func inAnActor() async throws {
         let cache = WeatherCache()
-        #expect(try await cache.current() == Self.oslo)
-        #expect(await cache.forecasts == Self.oslo)
+        _ = try await cache.$forecasts.value { try await loadForecasts() }
+        #expect(Self.cities(await cache.forecasts) == ["Oslo"])
     }
 
     @MainActor
     @Test func inAGlobalActorClass() async throws {
         let model = WeatherModel()
-        await model.reload()
-        #expect(model.forecasts == Self.oslo)
+        await model.$forecasts.refresh { try await loadForecasts() }
+        #expect(Self.cities(model.forecasts) == ["Oslo"])
     }
 
     @Test func asALetInASendableFinalClass() async throws {
         let store = WeatherStore()
-        #expect(try await store.current() == Self.oslo)
-        #expect(store.forecasts.wrappedValue == Self.oslo)
+        _ = try await store.forecasts.value { try await loadForecasts() }
+        #expect(Self.cities(store.forecasts.wrappedValue) == ["Oslo"])
     }
 
     @Test func inAStructWithAVirtualClock() async throws {
@@ -97,5 +51,18 @@ final class WeatherStore: Sendable {
         await clock.advance(by: .seconds(60))
         _ = try await service.$forecasts.value(load)
         #expect(runs.withLock { $0 } == 2)
+    }
+}
+
+@Suite struct QuickStartTests {
+    @Test func theQuickStartServiceLoadsOnceAndDescribesItsPhase() async throws {
+        let service = ConfigService()
+        #expect(service.describe() == "not loaded yet")
+        let configs = try await withThrowingTaskGroup(of: Config.self) { group in
+            for _ in 0..<50 { group.addTask { try await service.current() } }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(configs.allSatisfy { $0.featureFlags == ["new-checkout": true] })
+        #expect(service.describe().hasPrefix("loaded at "))
     }
 }

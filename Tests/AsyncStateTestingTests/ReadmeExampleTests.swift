@@ -1,3 +1,4 @@
+// swift-format-ignore-file
 // The README's VirtualClock example, verbatim: if this stops compiling or passing, so does the README.
 import AsyncStateTesting
 import Testing
