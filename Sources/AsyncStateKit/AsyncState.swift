@@ -67,59 +67,90 @@ public struct AsyncState<Value: Sendable>: Sendable {
 
     /// Creates a state holding `wrappedValue` until the first fetch.
     ///
+    /// ```swift
+    /// @AsyncState(expiry: .seconds(30), retry: .tanStack, timeout: .seconds(5))
+    /// var rates: ExchangeRates = .empty
+    /// ```
+    ///
     /// - Parameters:
     ///   - wrappedValue: The initial value (also what ``reset()`` goes back to).
     ///   - expiry: How long fetched data stays fresh. Defaults to 120 seconds; zero or less means
     ///     never fresh.
-    ///   - clock: The clock expiry is measured on. Defaults to `ContinuousClock()`; pass a
-    ///     `VirtualClock` in tests.
+    ///   - clock: The clock expiry, retries, timeouts and periodic refreshes run on. Defaults to
+    ///     `ContinuousClock()`; pass a `VirtualClock` in tests.
+    ///   - retry: How failed fetches are retried (each call may override it). Defaults to
+    ///     ``RetryPolicy/none``.
+    ///   - timeout: The longest one attempt may run before it is cancelled and fails with
+    ///     ``AsyncStateError/timedOut(after:)``. `nil` (the default), zero or negative: no timeout.
+    ///   - staleWhileRevalidate: When `true`, ``value(retry:_:)`` on expired data returns the stale value
+    ///     at once and refreshes it in the background. Defaults to `false`.
+    ///   - refreshInterval: When set, the last operation is re-run in the background this long after
+    ///     each fetch settles, while the state lives, until ``cancel()`` or ``reset()`` (the next fetch
+    ///     starts it again). A refresh due while a fetch is in flight is skipped. `nil` (the default),
+    ///     zero or negative: no periodic refresh.
     ///   - isEmpty: Decides whether a fetched value is ``AsyncPhase/empty``. Without it, a value is
     ///     never empty (collections and optionals have their own initializers).
     public init(
         wrappedValue: Value,
         expiry: Duration = .seconds(120),
         clock: some Clock<Duration> = ContinuousClock(),
+        retry: RetryPolicy = .none,
+        timeout: Duration? = nil,
+        staleWhileRevalidate: Bool = false,
+        refreshInterval: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil
     ) {
-        store = AsyncStateStore(
-            initialValue: wrappedValue, expiry: expiry, clock: StoreClock(clock),
-            isEmpty: isEmpty ?? { _ in false })
+        self.init(
+            wrappedValue, clock,
+            StoreConfiguration(
+                expiry: expiry, isEmpty: isEmpty ?? { _ in false }, retry: retry, timeout: timeout,
+                staleWhileRevalidate: staleWhileRevalidate, refreshInterval: refreshInterval))
     }
 
     /// Creates a state holding a collection; an empty collection is ``AsyncPhase/empty``.
     ///
-    /// - Parameters:
-    ///   - wrappedValue: The initial value (also what ``reset()`` goes back to).
-    ///   - expiry: How long fetched data stays fresh. Defaults to 120 seconds.
-    ///   - clock: The clock expiry is measured on. Defaults to `ContinuousClock()`.
-    ///   - isEmpty: Overrides `Collection.isEmpty` as the emptiness test.
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:staleWhileRevalidate:refreshInterval:isEmpty:)-5ia1u``;
+    /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
     public init(
         wrappedValue: Value,
         expiry: Duration = .seconds(120),
         clock: some Clock<Duration> = ContinuousClock(),
+        retry: RetryPolicy = .none,
+        timeout: Duration? = nil,
+        staleWhileRevalidate: Bool = false,
+        refreshInterval: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil
     ) where Value: Collection {
-        store = AsyncStateStore(
-            initialValue: wrappedValue, expiry: expiry, clock: StoreClock(clock),
-            isEmpty: isEmpty ?? { $0.isEmpty })
+        self.init(
+            wrappedValue, clock,
+            StoreConfiguration(
+                expiry: expiry, isEmpty: isEmpty ?? { $0.isEmpty }, retry: retry, timeout: timeout,
+                staleWhileRevalidate: staleWhileRevalidate, refreshInterval: refreshInterval))
     }
 
     /// Creates a state holding an optional; `nil` is ``AsyncPhase/empty``.
     ///
-    /// - Parameters:
-    ///   - wrappedValue: The initial value (also what ``reset()`` goes back to).
-    ///   - expiry: How long fetched data stays fresh. Defaults to 120 seconds.
-    ///   - clock: The clock expiry is measured on. Defaults to `ContinuousClock()`.
-    ///   - isEmpty: Overrides `== nil` as the emptiness test.
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:staleWhileRevalidate:refreshInterval:isEmpty:)-5ia1u``;
+    /// `isEmpty` overrides `== nil` as the emptiness test.
     public init<Wrapped: Sendable>(
         wrappedValue: Value,
         expiry: Duration = .seconds(120),
         clock: some Clock<Duration> = ContinuousClock(),
+        retry: RetryPolicy = .none,
+        timeout: Duration? = nil,
+        staleWhileRevalidate: Bool = false,
+        refreshInterval: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil
     ) where Value == Wrapped? {
-        store = AsyncStateStore(
-            initialValue: wrappedValue, expiry: expiry, clock: StoreClock(clock),
-            isEmpty: isEmpty ?? { $0 == nil })
+        self.init(
+            wrappedValue, clock,
+            StoreConfiguration(
+                expiry: expiry, isEmpty: isEmpty ?? { $0 == nil }, retry: retry, timeout: timeout,
+                staleWhileRevalidate: staleWhileRevalidate, refreshInterval: refreshInterval))
+    }
+
+    private init(_ initialValue: Value, _ clock: some Clock<Duration>, _ configuration: StoreConfiguration<Value>) {
+        store = AsyncStateStore(initialValue: initialValue, configuration: configuration, clock: StoreClock(clock))
     }
 
     // MARK: Reading
@@ -132,6 +163,10 @@ public struct AsyncState<Value: Sendable>: Sendable {
 
     /// The current phase: a synchronous snapshot.
     public var phase: AsyncPhase { store.cell.phase }
+
+    /// The current value, phase, expiry and metadata (failure count, last error, last success,
+    /// success count): a synchronous snapshot.
+    public var snapshot: AsyncSnapshot<Value> { store.cell.snapshot(at: store.clock.now()) }
 
     /// Whether the data is older than `interval`, or there is no fresh data (never fetched, failed,
     /// or invalidated). Measured on the state's clock.
@@ -153,15 +188,23 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///
     /// Joins a fetch in flight instead of starting another. Never throws: the outcome is in ``phase``
     /// (a failure is ``AsyncPhase/failure(_:)``). Returns at once when the caller's task is cancelled.
-    public func fetch(_ operation: @escaping Operation) async {
+    ///
+    /// - Parameters:
+    ///   - retry: The retry policy for a fetch this call starts; `nil` for the state's.
+    ///   - operation: Fetches the value.
+    public func fetch(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async {
         if store.cell.freshValue(at: store.clock.now()) != nil { return }
-        _ = try? await store.fetch(operation, mode: .ifExpired)
+        _ = try? await store.fetch(operation, mode: .ifExpired, policy: retry)
     }
 
     /// Fetches even if the data is fresh, replacing a fetch in flight (whose result is discarded), and
     /// returns once the fetch has settled.
-    public func refresh(_ operation: @escaping Operation) async {
-        _ = try? await store.fetch(operation, mode: .always)
+    ///
+    /// - Parameters:
+    ///   - retry: The retry policy for this fetch; `nil` for the state's.
+    ///   - operation: Fetches the value.
+    public func refresh(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async {
+        _ = try? await store.fetch(operation, mode: .always, policy: retry)
     }
 
     /// Returns the value: at once when fresh, else from the fetch in flight or a new one.
@@ -170,12 +213,21 @@ public struct AsyncState<Value: Sendable>: Sendable {
     /// let config = try await $config.value { try await loadConfig() }
     /// ```
     ///
-    /// - Throws: The operation's error when the fetch fails; `CancellationError` when the caller's task
-    ///   is cancelled or the fetch is cancelled (``cancel()``, ``reset()``);
+    /// With `staleWhileRevalidate`, expired data that was fetched before is returned at once too,
+    /// while a background fetch (one at a time) refreshes it.
+    ///
+    /// - Parameters:
+    ///   - retry: The retry policy for a fetch this call starts; `nil` for the state's.
+    ///   - operation: Fetches the value.
+    /// - Throws: The operation's error when the fetch fails (after its retries);
+    ///   ``AsyncStateError/timedOut(after:)`` when it timed out; `CancellationError` when the caller's
+    ///   task is cancelled or the fetch is cancelled (``cancel()``, ``reset()``);
     ///   ``AsyncStateError/reentrantCall`` when called from inside this state's own operation.
-    public func value(_ operation: @escaping Operation) async throws -> Value {
+    public func value(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async throws -> Value {
         if let fresh = store.cell.freshValue(at: store.clock.now()) { return fresh }
-        return try await store.fetch(operation, mode: .ifExpired)
+        let mode: FetchStateMachine<Value>.FetchMode =
+            store.configuration.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
+        return try await store.fetch(operation, mode: mode, policy: retry)
     }
 
     /// Re-runs the last operation when the phase is ``AsyncPhase/failure(_:)`` or

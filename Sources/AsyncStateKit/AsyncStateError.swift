@@ -1,8 +1,13 @@
 /// Errors ``AsyncState`` itself reports (as opposed to errors thrown by your operations).
 public enum AsyncStateError: Error, Sendable, Hashable, CustomStringConvertible {
-    /// An operation called ``AsyncState/value(_:)`` on the state it is fetching for (directly or through
-    /// other states). Waiting for its own result would never end, so the call throws this at once.
+    /// An operation called ``AsyncState/value(retry:_:)`` on the state it is fetching for (directly
+    /// or through other states). Waiting for its own result would never end, so the call throws this
+    /// at once.
     case reentrantCall
+
+    /// An attempt ran longer than the state's `timeout` and was cancelled. It counts as a failure,
+    /// which the retry policy may retry.
+    case timedOut(after: Duration)
 
     /// A readable explanation.
     public var description: String {
@@ -10,6 +15,8 @@ public enum AsyncStateError: Error, Sendable, Hashable, CustomStringConvertible 
         case .reentrantCall:
             return
                 "AsyncState.value(_:) was called from inside an operation of the same state; it would wait for itself"
+        case .timedOut(let timeout):
+            return "the operation did not finish within its timeout of \(timeout)"
         }
     }
 }

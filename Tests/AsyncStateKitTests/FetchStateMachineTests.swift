@@ -70,7 +70,8 @@ import Testing
 
     /// Every event, applied at the start state's instant. Returns the action, compactly.
     enum Event: String, CaseIterable, CustomTestStringConvertible {
-        case fetch, refresh, retry, succeed, succeedEmpty, fail, cancelledByItself, staleResult
+        case fetch, refresh, staleWhileRevalidate, retry, periodicRefresh
+        case succeed, succeedEmpty, fail, cancelledByItself, staleResult
         case lastWaiterCancelled, cancel, invalidate, set, setEmpty, reset
 
         var testDescription: String { rawValue }
@@ -80,6 +81,7 @@ import Testing
             func finish(_ outcome: Machine.Outcome) -> String {
                 switch machine.operationFinished(flight, outcome: outcome, now: now, date: date(now)) {
                 case .drop: return "drop"
+                case .retry: return "retry"
                 case .settle(let waiters, .success(let value)): return "settle(\(waiters.count), \(value))"
                 case .settle(let waiters, .failure(let error)):
                     return "settle(\(waiters.count), \(error is CancellationError ? "cancelled" : "error"))"
@@ -92,15 +94,26 @@ import Testing
                 }
             }
             switch self {
-            case .fetch, .refresh:
-                switch machine.fetch(waiter: 100, mode: self == .fetch ? .ifExpired : .always, now: now) {
+            case .fetch, .refresh, .staleWhileRevalidate:
+                let mode: Machine.FetchMode =
+                    switch self {
+                    case .fetch: .ifExpired
+                    case .refresh: .always
+                    default: .staleWhileRevalidate
+                    }
+                switch machine.fetch(waiter: 100, mode: mode, now: now) {
                 case .returnFresh(let value): return "fresh(\(value))"
+                case .returnStale(let value, nil): return "stale(\(value))"
+                case .returnStale(let value, .some): return "stale(\(value))+start"
                 case .join: return "join"
                 case .start(_, nil): return "start"
                 case .start(_, .some): return "start+cancel"
                 }
-            case .retry:
-                switch machine.retry(waiter: 100) {
+            case .retry, .periodicRefresh:
+                let action =
+                    self == .retry
+                    ? machine.retry(waiter: 100, now: now) : machine.periodicRefresh(waiter: 100, now: now)
+                switch action {
                 case .start: return "start"
                 case .ignore: return "ignore"
                 }
@@ -111,6 +124,7 @@ import Testing
             case .staleResult:
                 switch machine.operationFinished(12_345, outcome: .success([9]), now: now, date: date(now)) {
                 case .drop: return "drop"
+                case .retry: return "retry"
                 case .settle: return "settle"
                 }
             case .lastWaiterCancelled:
@@ -133,6 +147,7 @@ import Testing
     /// "action → phase fresh|expired value" for every (state, event) pair, written out by hand.
     static let expected: [Start: [Event: String]] = [
         .initial: [
+            .staleWhileRevalidate: "start → loading expired []", .periodicRefresh: "ignore → initial expired []",
             .fetch: "start → loading expired []", .refresh: "start → loading expired []",
             .retry: "ignore → initial expired []", .succeed: "drop → initial expired []",
             .succeedEmpty: "drop → initial expired []", .fail: "drop → initial expired []",
@@ -142,6 +157,7 @@ import Testing
             .setEmpty: "none → empty fresh []", .reset: "none → initial expired []",
         ],
         .loading: [
+            .staleWhileRevalidate: "join → loading expired []", .periodicRefresh: "ignore → loading expired []",
             .fetch: "join → loading expired []", .refresh: "start+cancel → loading expired []",
             .retry: "ignore → loading expired []", .succeed: "settle(1, [7]) → success fresh [7]",
             .succeedEmpty: "settle(1, []) → empty fresh []", .fail: "settle(1, error) → failure expired []",
@@ -152,6 +168,7 @@ import Testing
             .setEmpty: "cancel(1) → empty fresh []", .reset: "cancel(1) → initial expired []",
         ],
         .success: [
+            .staleWhileRevalidate: "fresh([1]) → success fresh [1]", .periodicRefresh: "start → loading fresh [1]",
             .fetch: "fresh([1]) → success fresh [1]", .refresh: "start → loading fresh [1]",
             .retry: "ignore → success fresh [1]", .succeed: "drop → success fresh [1]",
             .succeedEmpty: "drop → success fresh [1]", .fail: "drop → success fresh [1]",
@@ -161,6 +178,8 @@ import Testing
             .setEmpty: "none → empty fresh []", .reset: "none → initial expired []",
         ],
         .expired: [
+            .staleWhileRevalidate: "stale([1])+start → loading expired [1]",
+            .periodicRefresh: "start → loading expired [1]",
             .fetch: "start → loading expired [1]", .refresh: "start → loading expired [1]",
             .retry: "ignore → success expired [1]", .succeed: "drop → success expired [1]",
             .succeedEmpty: "drop → success expired [1]", .fail: "drop → success expired [1]",
@@ -170,6 +189,8 @@ import Testing
             .setEmpty: "none → empty fresh []", .reset: "none → initial expired []",
         ],
         .invalidated: [
+            .staleWhileRevalidate: "stale([1])+start → loading expired [1]",
+            .periodicRefresh: "start → loading expired [1]",
             .fetch: "start → loading expired [1]", .refresh: "start → loading expired [1]",
             .retry: "ignore → success expired [1]", .succeed: "drop → success expired [1]",
             .succeedEmpty: "drop → success expired [1]", .fail: "drop → success expired [1]",
@@ -179,6 +200,7 @@ import Testing
             .setEmpty: "none → empty fresh []", .reset: "none → initial expired []",
         ],
         .empty: [
+            .staleWhileRevalidate: "fresh([]) → empty fresh []", .periodicRefresh: "start → loading fresh []",
             .fetch: "fresh([]) → empty fresh []", .refresh: "start → loading fresh []",
             .retry: "start → loading fresh []", .succeed: "drop → empty fresh []",
             .succeedEmpty: "drop → empty fresh []", .fail: "drop → empty fresh []",
@@ -188,6 +210,8 @@ import Testing
             .setEmpty: "none → empty fresh []", .reset: "none → initial expired []",
         ],
         .failure: [
+            .staleWhileRevalidate: "stale([1])+start → loading expired [1]",
+            .periodicRefresh: "start → loading expired [1]",
             .fetch: "start → loading expired [1]", .refresh: "start → loading expired [1]",
             .retry: "start → loading expired [1]", .succeed: "drop → failure expired [1]",
             .succeedEmpty: "drop → failure expired [1]", .fail: "drop → failure expired [1]",
@@ -197,6 +221,7 @@ import Testing
             .setEmpty: "none → empty fresh []", .reset: "none → initial expired []",
         ],
         .refreshing: [
+            .staleWhileRevalidate: "fresh([1]) → loading fresh [1]", .periodicRefresh: "ignore → loading fresh [1]",
             .fetch: "fresh([1]) → loading fresh [1]", .refresh: "start+cancel → loading fresh [1]",
             .retry: "ignore → loading fresh [1]", .succeed: "settle(1, [7]) → success fresh [7]",
             .succeedEmpty: "settle(1, []) → empty fresh []", .fail: "settle(1, error) → failure expired [1]",
@@ -207,6 +232,7 @@ import Testing
             .setEmpty: "cancel(1) → empty fresh []", .reset: "cancel(1) → initial expired []",
         ],
         .loadingInvalidated: [
+            .staleWhileRevalidate: "join → loading expired []", .periodicRefresh: "ignore → loading expired []",
             .fetch: "join → loading expired []", .refresh: "start+cancel → loading expired []",
             .retry: "ignore → loading expired []", .succeed: "settle(1, [7]) → success expired [7]",
             .succeedEmpty: "settle(1, []) → empty expired []", .fail: "settle(1, error) → failure expired []",
@@ -232,7 +258,8 @@ import Testing
         let isWrite = [.set, .setEmpty, .reset, .invalidate].contains(event)
         let changed =
             isWrite || action.hasPrefix("resume+")
-            || !["drop", "join", "ignore", "none", "fresh", "resume"].contains { action.hasPrefix($0) }
+            || !["drop", "join", "ignore", "none", "fresh", "resume", "stale"].contains { action.hasPrefix($0) }
+            || action.hasSuffix("+start")
         #expect((machine.generation != generationBefore) == changed, "generation after \(action)")
         // Invariant: loading if and only if a flight is in flight.
         #expect(machine.phase.isLoading == (machine.flight != nil))

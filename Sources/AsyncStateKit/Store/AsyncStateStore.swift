@@ -11,13 +11,15 @@ enum OperationContext {
 }
 
 /// The actor shell of an ``AsyncState``: it feeds events to a ``FetchStateMachine`` and performs the
-/// actions — starts and cancels the operation's task, resumes waiters, publishes snapshots.
+/// actions — starts and cancels the operation's task, sleeps between attempts, resumes waiters,
+/// publishes snapshots, runs the periodic refresh.
 ///
-/// Under a settling clock (`VirtualClock`) the actor runs on the clock's serial executor and its
-/// operation tasks prefer the clock's task executor, so every job of the store is counted by the
-/// clock's settling. Otherwise it shares the executor of a plain default actor it owns.
+/// Under a settling clock (`VirtualClock`) the actor runs on the clock's serial executor and its tasks
+/// prefer the clock's task executor, so every job of the store is counted by the clock's settling.
+/// Otherwise it shares the executor of a plain default actor it owns.
 actor AsyncStateStore<Value: Sendable> {
     typealias Operation = @Sendable () async throws -> Value
+    typealias Machine = FetchStateMachine<Value>
 
     /// The actor's executor: the clock's serial executor, or a private default actor's.
     nonisolated let unownedExecutor: UnownedSerialExecutor
@@ -28,19 +30,20 @@ actor AsyncStateStore<Value: Sendable> {
     nonisolated let cell: SnapshotCell<Value>
     /// The injected clock.
     nonisolated let clock: StoreClock
-
-    private var machine: FetchStateMachine<Value>
     /// The continuations of waiting callers (outside the actor; see ``WaiterTable``).
     nonisolated let waiters = WaiterTable<Value>()
-    private var operations: [FetchStateMachine<Value>.FlightID: Task<Void, Never>] = [:]
+    /// The declared policies.
+    nonisolated let configuration: StoreConfiguration<Value>
+
+    private var machine: Machine
+    private var operations: [Machine.FlightID: Task<Void, Never>] = [:]
     private var lastOperation: Operation?
+    private var periodicRefresh: Task<Void, Never>?
     private var nextWaiter: UInt64 = 0
 
-    init(
-        initialValue: Value, expiry: Duration, clock: StoreClock,
-        isEmpty: @escaping @Sendable (Value) -> Bool
-    ) {
+    init(initialValue: Value, configuration: StoreConfiguration<Value>, clock: StoreClock) {
         self.clock = clock
+        self.configuration = configuration
         if let serial = clock.serialExecutor {
             executorOwner = serial
             unownedExecutor = serial.asUnownedSerialExecutor()
@@ -49,8 +52,14 @@ actor AsyncStateStore<Value: Sendable> {
             executorOwner = host
             unownedExecutor = host.unownedExecutor
         }
-        self.cell = SnapshotCell(value: initialValue, expiry: expiry)
-        self.machine = FetchStateMachine(initialValue: initialValue, expiry: expiry, isEmpty: isEmpty)
+        cell = SnapshotCell(value: initialValue, expiry: configuration.expiry)
+        machine = Machine(
+            initialValue: initialValue, expiry: configuration.expiry, isEmpty: configuration.isEmpty,
+            retryPolicy: configuration.retry, seed: UInt64.random(in: .min ... .max))
+    }
+
+    deinit {
+        periodicRefresh?.cancel()
     }
 
     // MARK: Entering
@@ -75,14 +84,15 @@ actor AsyncStateStore<Value: Sendable> {
         /// The answer, at once.
         case value(Value)
         /// Wait for waiter `id`.
-        case wait(FetchStateMachine<Value>.WaiterID)
+        case wait(Machine.WaiterID)
     }
 
-    /// Gets the value: fresh data at once, else the outcome of the flight in flight or of a new one.
-    nonisolated func fetch(_ operation: @escaping Operation, mode: FetchStateMachine<Value>.FetchMode) async throws
-        -> Value
-    {
-        switch try await enter({ try $0.requestFetch(operation, mode: mode) }) {
+    /// Gets the value: fresh (or, with stale-while-revalidate, stale) data at once, else the outcome
+    /// of the flight in flight or of a new one run with `policy`.
+    nonisolated func fetch(
+        _ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy? = nil
+    ) async throws -> Value {
+        switch try await enter({ try $0.requestFetch(operation, mode: mode, policy: policy) }) {
         case .value(let value): return value
         case .wait(let id): return try await wait(id)
         }
@@ -94,38 +104,50 @@ actor AsyncStateStore<Value: Sendable> {
         if let id = try await enter({ try $0.requestRetry() }) { _ = try await wait(id) }
     }
 
-    private func requestFetch(_ operation: @escaping Operation, mode: FetchStateMachine<Value>.FetchMode) throws
-        -> Ticket
-    {
+    private func requestFetch(
+        _ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy?
+    ) throws -> Ticket {
         let now = clock.now()
-        if mode == .ifExpired, machine.isFresh(at: now) { return .value(machine.value) }
+        if mode != .always, machine.isFresh(at: now) { return .value(machine.value) }
         if isReentrant { throw AsyncStateError.reentrantCall }
         try Task.checkCancellation()
         let waiter = makeWaiter()
-        switch machine.fetch(waiter: waiter, mode: mode, now: now) {
+        switch machine.fetch(waiter: waiter, mode: mode, now: now, policy: policy) {
         case .returnFresh(let value):
+            return .value(value)
+        case .returnStale(let value, let refreshing):
+            if let refreshing { start(refreshing, operation, at: now) }
             return .value(value)
         case .join:
             break
         case .start(let id, let cancelling):
-            lastOperation = operation
             if let cancelling { operations.removeValue(forKey: cancelling)?.cancel() }
-            start(id, operation)
-            publish(at: now)
+            start(id, operation, at: now)
         }
         waiters.add(waiter)
         return .wait(waiter)
     }
 
     /// Starts a retry flight and returns the caller's waiter, or `nil` when there is nothing to retry.
-    private func requestRetry() throws -> FetchStateMachine<Value>.WaiterID? {
+    private func requestRetry() throws -> Machine.WaiterID? {
         if isReentrant { throw AsyncStateError.reentrantCall }
         try Task.checkCancellation()
         guard let operation = lastOperation else { return nil }
         let waiter = makeWaiter()
-        guard case .start(let id) = machine.retry(waiter: waiter) else { return nil }
-        start(id, operation)
-        publish(at: clock.now())
+        let now = clock.now()
+        guard case .start(let id) = machine.retry(waiter: waiter, now: now) else { return nil }
+        start(id, operation, at: now)
+        waiters.add(waiter)
+        return waiter
+    }
+
+    /// Starts a periodic background refresh and returns its waiter, or `nil` when one is not due.
+    private func requestPeriodicRefresh() -> Machine.WaiterID? {
+        guard let operation = lastOperation else { return nil }
+        let waiter = makeWaiter()
+        let now = clock.now()
+        guard case .start(let id) = machine.periodicRefresh(waiter: waiter, now: now) else { return nil }
+        start(id, operation, at: now)
         waiters.add(waiter)
         return waiter
     }
@@ -136,6 +158,7 @@ actor AsyncStateStore<Value: Sendable> {
     }
 
     func cancel() {
+        stopPeriodicRefresh()
         let ended = machine.cancel()
         if case .none = ended { return }
         publish(at: clock.now())
@@ -150,6 +173,7 @@ actor AsyncStateStore<Value: Sendable> {
     }
 
     func reset() {
+        stopPeriodicRefresh()
         let ended = machine.reset()
         lastOperation = nil
         publish(at: clock.now())
@@ -158,22 +182,26 @@ actor AsyncStateStore<Value: Sendable> {
 
     // MARK: Events from tasks
 
-    /// The operation of flight `id` ended.
-    private func operationFinished(_ id: FetchStateMachine<Value>.FlightID, _ outcome: FetchStateMachine<Value>.Outcome)
-    {
-        operations[id] = nil
+    /// An attempt of flight `id` ended. Returns when to start the next attempt, or `nil` when the
+    /// flight is over (settled, or no longer current).
+    private func attemptFinished(_ id: Machine.FlightID, _ outcome: Machine.Outcome) -> Duration? {
         let now = clock.now()
         switch machine.operationFinished(id, outcome: outcome, now: now, date: clock.date()) {
         case .drop:
-            break
+            return nil
+        case .retry(let at):
+            publish(at: now)
+            return at
         case .settle(let ids, let result):
+            operations[id] = nil
             publish(at: now)
             for id in ids { resume(id, with: result) }
+            return nil
         }
     }
 
     /// A waiter's task was cancelled.
-    private func waiterCancelled(_ waiter: FetchStateMachine<Value>.WaiterID) {
+    private func waiterCancelled(_ waiter: Machine.WaiterID) {
         switch machine.waiterCancelled(waiter) {
         case .none:
             break
@@ -188,26 +216,26 @@ actor AsyncStateStore<Value: Sendable> {
 
     // MARK: Performing actions
 
-    private func makeWaiter() -> FetchStateMachine<Value>.WaiterID {
+    private func makeWaiter() -> Machine.WaiterID {
         nextWaiter &+= 1
         return nextWaiter
     }
 
     /// Suspends the caller (outside the actor) until its waiter is resumed. A cancelled caller leaves
     /// at once; the store then learns of it on the actor, and cancels the flight if it was the last.
-    private nonisolated func wait(_ waiter: FetchStateMachine<Value>.WaiterID) async throws -> Value {
+    private nonisolated func wait(_ waiter: Machine.WaiterID) async throws -> Value {
         try await waiters.wait(waiter) { [clock] in
             Task(executorPreference: clock.executor) { await self.waiterCancelled(waiter) }
         }
     }
 
-    private func resume(_ waiter: FetchStateMachine<Value>.WaiterID, with result: Result<Value, any Error>) {
+    private func resume(_ waiter: Machine.WaiterID, with result: Result<Value, any Error>) {
         waiters.resume(waiter, with: result)
     }
 
     /// Cancels the operation of a flight an event ended and resumes its waiters with `result`.
     /// Call after publishing, so that a resumed waiter sees the new snapshot.
-    private func perform(_ ended: FetchStateMachine<Value>.EndedFlight, resumingWith result: Result<Value, any Error>) {
+    private func perform(_ ended: Machine.EndedFlight, resumingWith result: Result<Value, any Error>) {
         guard case .cancel(let id, let ids) = ended else { return }
         operations.removeValue(forKey: id)?.cancel()
         for waiter in ids { resume(waiter, with: result) }
@@ -217,26 +245,79 @@ actor AsyncStateStore<Value: Sendable> {
         cell.publish(machine.snapshot(at: now), freshSince: machine.freshSince)
     }
 
-    /// Starts the operation's task for flight `id`. The task holds the store until it ends, so a
-    /// state dropped mid-flight is freed once its operation finishes.
-    private func start(_ id: FetchStateMachine<Value>.FlightID, _ operation: @escaping Operation) {
+    /// Starts flight `id` running `operation`, publishes `loading`, and arms the periodic refresh.
+    private func start(_ id: Machine.FlightID, _ operation: @escaping Operation, at now: Duration) {
+        lastOperation = operation
         operations[id] = launch(id, operation)
+        publish(at: now)
+        if periodicRefresh == nil, let interval = configuration.refreshInterval {
+            periodicRefresh = Self.refreshPeriodically(self, every: interval, clock: clock)
+        }
     }
 
-    private nonisolated func launch(
-        _ id: FetchStateMachine<Value>.FlightID, _ operation: @escaping Operation
-    ) -> Task<Void, Never> {
-        Task(executorPreference: clock.executor) {
-            let outcome: FetchStateMachine<Value>.Outcome
-            do {
-                let running = OperationContext.running + [ObjectIdentifier(self)]
-                outcome = .success(try await OperationContext.$running.withValue(running) { try await operation() })
-            } catch is CancellationError {
-                outcome = .cancelled
-            } catch {
-                outcome = .failure(error)
+    private func stopPeriodicRefresh() {
+        periodicRefresh?.cancel()
+        periodicRefresh = nil
+    }
+
+    /// The flight's task: runs attempts until the machine says the flight is over, sleeping on the
+    /// clock between them. It holds the store until it ends, so a state dropped mid-flight is freed
+    /// once its operation finishes; cancelling it (the store does, when the flight ends early) stops
+    /// it at once, also during a backoff sleep.
+    private nonisolated func launch(_ id: Machine.FlightID, _ operation: @escaping Operation) -> Task<Void, Never> {
+        Task(executorPreference: clock.executor) { [self] in
+            while !Task.isCancelled {
+                let outcome = await attempt(operation)
+                guard let next = await attemptFinished(id, outcome) else { return }
+                do { try await clock.sleep(next) } catch { return }
             }
-            await self.operationFinished(id, outcome)
+        }
+    }
+
+    /// Runs one attempt of `operation`, cancelling it after the configured timeout.
+    private nonisolated func attempt(_ operation: @escaping Operation) async -> Machine.Outcome {
+        let marked = OperationContext.running + [ObjectIdentifier(self)]
+        let run: @Sendable () async -> Machine.Outcome = {
+            do {
+                return .success(try await OperationContext.$running.withValue(marked) { try await operation() })
+            } catch is CancellationError {
+                return .cancelled
+            } catch {
+                return .failure(error)
+            }
+        }
+        guard let timeout = configuration.timeout else { return await run() }
+        let deadline = clock.now() + timeout
+        return await withTaskGroup(of: Machine.Outcome?.self) { [clock] group in
+            group.addTask { await run() }
+            group.addTask {
+                do { try await clock.sleep(deadline) } catch { return nil }
+                return .failure(AsyncStateError.timedOut(after: timeout))
+            }
+            var first: Machine.Outcome = .cancelled
+            while let next = await group.next() {
+                guard let outcome = next else { continue }  // the timer was cancelled
+                first = outcome
+                break
+            }
+            group.cancelAll()
+            return first
+        }
+    }
+
+    /// The periodic refresh: sleeps `interval`, re-runs the last operation in the background unless a
+    /// fetch is in flight, waits for it, and again — while the store lives. Holds the store only
+    /// while a refresh runs; the store cancels it on `cancel()`, `reset()` and deinit.
+    private static func refreshPeriodically(
+        _ store: AsyncStateStore<Value>, every interval: Duration, clock: StoreClock
+    ) -> Task<Void, Never> {
+        Task(executorPreference: clock.executor) { [weak store] in
+            while !Task.isCancelled {
+                do { try await clock.sleep(clock.now() + interval) } catch { return }
+                guard let store else { return }
+                guard let waiter = try? await store.enter({ $0.requestPeriodicRefresh() }) else { continue }
+                _ = try? await store.wait(waiter)
+            }
         }
     }
 }

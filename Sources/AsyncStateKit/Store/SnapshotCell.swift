@@ -4,10 +4,8 @@
 final class SnapshotCell<Value: Sendable>: Sendable {
     /// The guarded contents.
     struct Contents {
-        /// The latest value.
-        var value: Value
-        /// The current phase.
-        var phase: AsyncPhase
+        /// The latest snapshot (its `isExpired` as of publication).
+        var snapshot: AsyncSnapshot<Value>
         /// When the current data arrived fresh, or `nil` (see `FetchStateMachine.freshSince`).
         var freshSince: Duration?
         /// The `updates` subscribers, by id.
@@ -25,7 +23,8 @@ final class SnapshotCell<Value: Sendable>: Sendable {
 
     init(value: Value, expiry: Duration) {
         self.expiry = expiry
-        contents = LockedValue(Contents(value: value, phase: .initial, freshSince: nil))
+        contents = LockedValue(
+            Contents(snapshot: AsyncSnapshot(value: value, phase: .initial, isExpired: true), freshSince: nil))
     }
 
     deinit {
@@ -35,16 +34,29 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         for continuation in subscribers.values { continuation.finish() }
     }
 
-    var value: Value { contents.withLock { $0.value } }
+    var value: Value { contents.withLock { $0.snapshot.value } }
 
-    var phase: AsyncPhase { contents.withLock { $0.phase } }
+    var phase: AsyncPhase { contents.withLock { $0.snapshot.phase } }
+
+    /// The current snapshot, expired or not at `now`.
+    func snapshot(at now: Duration) -> AsyncSnapshot<Value> {
+        contents.withLock { contents in
+            var snapshot = contents.snapshot
+            snapshot.isExpired = !isFresh(contents.freshSince, at: now)
+            return snapshot
+        }
+    }
 
     /// The value if the data is fresh at `now`, else `nil`: the hit path of `value` and `fetch`.
     func freshValue(at now: Duration) -> Value? {
         contents.withLock { contents in
-            guard let since = contents.freshSince, now - since < expiry else { return nil }
-            return contents.value
+            isFresh(contents.freshSince, at: now) ? contents.snapshot.value : nil
         }
+    }
+
+    private func isFresh(_ freshSince: Duration?, at now: Duration) -> Bool {
+        guard let freshSince else { return false }
+        return now - freshSince < expiry
     }
 
     /// Whether the data is older than `interval` at `now`, or was never fresh, or was invalidated.
@@ -58,8 +70,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     /// Publishes a transition: stores it and sends it to every subscriber.
     func publish(_ snapshot: AsyncSnapshot<Value>, freshSince: Duration?) {
         contents.withLock { contents in
-            contents.value = snapshot.value
-            contents.phase = snapshot.phase
+            contents.snapshot = snapshot
             contents.freshSince = freshSince
             // Yielding under the lock keeps every subscriber's order equal to the publication order,
             // also against a subscription made concurrently. `yield` never blocks and runs none of our
@@ -77,8 +88,9 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         let (stream, continuation) = AsyncStream.makeStream(
             of: AsyncSnapshot<Value>.self, bufferingPolicy: .bufferingNewest(Self.subscriberBuffer))
         contents.withLock { contents in
-            let fresh = contents.freshSince.map { now - $0 < expiry } ?? false
-            continuation.yield(AsyncSnapshot(value: contents.value, phase: contents.phase, isExpired: !fresh))
+            var current = contents.snapshot
+            current.isExpired = !isFresh(contents.freshSince, at: now)
+            continuation.yield(current)
             contents.nextSubscriber &+= 1
             contents.subscribers[contents.nextSubscriber] = continuation
         }

@@ -1,0 +1,158 @@
+import Foundation
+
+/// How a failed fetch is retried: how many attempts, how long to wait between them, with how much
+/// jitter, which errors are worth retrying, and within what overall budget.
+///
+/// The default is ``none``: one attempt, no retry — the server default of TanStack Query, where retry
+/// storms hurt. Every wait happens on the state's clock, so a `VirtualClock` test sees the exact
+/// instants; jitter is drawn from a generator seeded with ``seed``, so a schedule replays exactly.
+///
+/// ```swift
+/// @AsyncState(retry: .exponential(maxAttempts: 4, initial: .seconds(1), cap: .seconds(30), jitter: .full))
+/// var prices: [Price] = []
+///
+/// // Don't retry what retrying cannot fix:
+/// let policy = RetryPolicy.exponential().retrying { error in (error as? HTTPError)?.status != 404 }
+/// ```
+///
+/// Bad values are clamped, never trapped on: `maxAttempts` below 1 is 1; negative durations are
+/// zero; a multiplier below 1 is 1; a `cap` below the initial delay caps every delay; a zero or
+/// negative `budget` allows no retry.
+public struct RetryPolicy: Sendable {
+    /// The shape of the delay before each retry, before jitter.
+    public enum Backoff: Sendable, Hashable {
+        /// The same delay before every retry.
+        case constant(Duration)
+        /// `initial`, then `initial + increment`, `initial + 2·increment`, … at most `cap`.
+        case linear(initial: Duration, increment: Duration, cap: Duration)
+        /// `initial`, then `initial·multiplier`, `initial·multiplier²`, … at most `cap`.
+        case exponential(initial: Duration, multiplier: Double, cap: Duration)
+
+        /// The delay before retry number `retry` (1 for the first retry), clamped as the type says.
+        public func delay(beforeRetry retry: Int) -> Duration {
+            let n = max(1, retry)
+            switch self {
+            case .constant(let delay):
+                return max(.zero, delay)
+            case .linear(let initial, let increment, let cap):
+                let delay = max(.zero, initial) + max(.zero, increment) * (n - 1)
+                return min(delay, max(.zero, cap))
+            case .exponential(let initial, let multiplier, let cap):
+                let cap = max(.zero, cap)
+                let seconds = initial.seconds * pow(max(1, multiplier), Double(n - 1))
+                guard seconds.isFinite, seconds < cap.seconds else { return cap }
+                return max(.zero, .seconds(seconds))
+            }
+        }
+    }
+
+    /// How the delay is randomized, so that many clients do not retry in lockstep (TanStack/query#372).
+    public enum Jitter: Sendable, Hashable {
+        /// The delay as the backoff computed it.
+        case none
+        /// Uniform between zero and the delay (AWS's "full jitter").
+        case full
+        /// Half the delay plus uniform between zero and the other half (AWS's "equal jitter").
+        case equal
+    }
+
+    /// How many attempts in all, the first included; at least 1.
+    public var maxAttempts: Int
+    /// The delay before each retry.
+    public var backoff: Backoff
+    /// How the delay is randomized.
+    public var jitter: Jitter
+    /// The seed of the jitter generator: the same seed gives the same schedule. `nil` (the default)
+    /// draws a fresh seed for every fetch, so that many states do not retry in lockstep.
+    public var seed: UInt64?
+    /// The longest time from the start of a fetch within which a retry may still start; `nil` for
+    /// no limit.
+    public var budget: Duration?
+    /// Whether an error is worth retrying. `CancellationError` is never retried (cancellation is
+    /// not a failure).
+    public var shouldRetry: @Sendable (any Error) -> Bool
+
+    /// Creates a policy.
+    ///
+    /// - Parameters:
+    ///   - maxAttempts: Attempts in all, the first included. Values below 1 mean 1.
+    ///   - backoff: The delay before each retry. Defaults to a constant second.
+    ///   - jitter: How the delay is randomized. Defaults to ``Jitter/none``.
+    ///   - seed: The jitter generator's seed, for schedules that replay exactly (tests). Defaults to
+    ///     `nil`: a fresh seed for every fetch.
+    ///   - budget: The longest time from the start of a fetch within which a retry may start.
+    ///   - shouldRetry: Whether an error is worth retrying. Defaults to every error.
+    public init(
+        maxAttempts: Int,
+        backoff: Backoff = .constant(.seconds(1)),
+        jitter: Jitter = .none,
+        seed: UInt64? = nil,
+        budget: Duration? = nil,
+        shouldRetry: @escaping @Sendable (any Error) -> Bool = { _ in true }
+    ) {
+        self.maxAttempts = max(1, maxAttempts)
+        self.backoff = backoff
+        self.jitter = jitter
+        self.seed = seed
+        self.budget = budget
+        self.shouldRetry = shouldRetry
+    }
+
+    /// No retry: one attempt. The default.
+    public static var none: RetryPolicy { RetryPolicy(maxAttempts: 1) }
+
+    /// TanStack Query's client default: 3 retries (4 attempts), waiting `min(1 s · 2ⁿ, 30 s)`.
+    public static var tanStack: RetryPolicy {
+        exponential(maxAttempts: 4, initial: .seconds(1), multiplier: 2, cap: .seconds(30))
+    }
+
+    /// Exponential backoff: `initial`, `initial·multiplier`, … at most `cap`.
+    public static func exponential(
+        maxAttempts: Int = 4, initial: Duration = .seconds(1), multiplier: Double = 2, cap: Duration = .seconds(30),
+        jitter: Jitter = .none, seed: UInt64? = nil, budget: Duration? = nil
+    ) -> RetryPolicy {
+        RetryPolicy(
+            maxAttempts: maxAttempts, backoff: .exponential(initial: initial, multiplier: multiplier, cap: cap),
+            jitter: jitter, seed: seed, budget: budget)
+    }
+
+    /// This policy, retrying only the errors for which `predicate` is true.
+    public func retrying(when predicate: @escaping @Sendable (any Error) -> Bool) -> RetryPolicy {
+        var policy = self
+        policy.shouldRetry = predicate
+        return policy
+    }
+
+    /// The delay before retry number `retry`, with jitter drawn from `generator`.
+    func delay(beforeRetry retry: Int, using generator: inout some RandomNumberGenerator) -> Duration {
+        let delay = backoff.delay(beforeRetry: retry)
+        let nanoseconds = delay.nanoseconds
+        switch jitter {
+        case .none:
+            return delay
+        case .full:
+            return .nanoseconds(Int64.random(in: 0...nanoseconds, using: &generator))
+        case .equal:
+            let half = nanoseconds / 2
+            return .nanoseconds(nanoseconds - half + Int64.random(in: 0...half, using: &generator))
+        }
+    }
+}
+
+extension Duration {
+    /// The duration in seconds, as a `Double`.
+    var seconds: Double {
+        let (seconds, attoseconds) = components
+        return Double(seconds) + Double(attoseconds) * 1e-18
+    }
+
+    /// The duration in whole nanoseconds, clamped to `0...Int64.max`.
+    var nanoseconds: Int64 {
+        let (seconds, attoseconds) = components
+        guard seconds >= 0 else { return 0 }
+        let (scaled, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+        guard !overflow else { return .max }
+        let (total, overflow2) = scaled.addingReportingOverflow(attoseconds / 1_000_000_000)
+        return overflow2 ? .max : total
+    }
+}
