@@ -84,10 +84,11 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///     ``AsyncStateError/timedOut(after:)``. `nil` (the default), zero or negative: no timeout.
     ///   - staleWhileRevalidate: When `true`, ``value(retry:_:)`` on expired data returns the stale value
     ///     at once and refreshes it in the background. Defaults to `false`.
-    ///   - refreshInterval: When set, the last operation is re-run in the background this long after
-    ///     each fetch settles, while the state lives, until ``cancel()`` or ``reset()`` (the next fetch
-    ///     starts it again). A refresh due while a fetch is in flight is skipped. `nil` (the default),
-    ///     zero or negative: no periodic refresh.
+    ///   - refreshInterval: When set, the last operation is re-run in the background every
+    ///     `refreshInterval`, counted from the end of the previous refresh (the first from the end of
+    ///     the first fetch), while the state lives and until ``cancel()`` or ``reset()`` (the next fetch
+    ///     to settle starts it again). A refresh due while a fetch is in flight is skipped, so
+    ///     refreshes never overlap. `nil` (the default), zero or negative: no periodic refresh.
     ///   - isEmpty: Decides whether a fetched value is ``AsyncPhase/empty``. Without it, a value is
     ///     never empty (collections and optionals have their own initializers).
     public init(

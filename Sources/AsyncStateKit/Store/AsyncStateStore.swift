@@ -196,6 +196,7 @@ actor AsyncStateStore<Value: Sendable> {
             operations[id] = nil
             publish(at: now)
             for id in ids { resume(id, with: result) }
+            armPeriodicRefresh()
             return nil
         }
     }
@@ -245,14 +246,18 @@ actor AsyncStateStore<Value: Sendable> {
         cell.publish(machine.snapshot(at: now), freshSince: machine.freshSince)
     }
 
-    /// Starts flight `id` running `operation`, publishes `loading`, and arms the periodic refresh.
+    /// Starts flight `id` running `operation` and publishes `loading`.
     private func start(_ id: Machine.FlightID, _ operation: @escaping Operation, at now: Duration) {
         lastOperation = operation
         operations[id] = launch(id, operation)
         publish(at: now)
-        if periodicRefresh == nil, let interval = configuration.refreshInterval {
-            periodicRefresh = Self.refreshPeriodically(self, every: interval, clock: clock)
-        }
+    }
+
+    /// Starts the periodic refresh, if the state has one and it is not running: called when a fetch
+    /// settles, so the first refresh comes one interval after it.
+    private func armPeriodicRefresh() {
+        guard periodicRefresh == nil, let interval = configuration.refreshInterval else { return }
+        periodicRefresh = Self.refreshPeriodically(self, every: interval, clock: clock)
     }
 
     private func stopPeriodicRefresh() {

@@ -1,0 +1,160 @@
+import AsyncStateTesting
+import Testing
+
+@testable import AsyncStateKit
+
+@Suite struct PeriodicRefreshTests {
+    @Test func refreshesEveryIntervalAfterEachFetchSettles() async throws {
+        let clock = VirtualClock()
+        let source = ScriptedSource(clock: clock, failures: 0, duration: .seconds(1))
+        let state = AsyncState<Int>(wrappedValue: 0, clock: clock, refreshInterval: .seconds(10))
+        clock.task { await state.fetch(source.operation) }
+        await clock.advance(by: .seconds(35))
+        // Each refresh starts 10 s after the previous fetch settled (each takes 1 s).
+        #expect(source.instants == [.s(0), .s(11), .s(22), .s(33)])
+        #expect(state.wrappedValue == 4)  // the source answers with its attempt number
+        #expect(state.snapshot.successCount == 4)
+        await state.cancel()
+        await clock.checkSuspension()
+    }
+
+    @Test func aRefreshDueWhileAFetchIsInFlightIsSkipped() async throws {
+        let clock = VirtualClock()
+        let starts = LockedValue<[Duration]>([])
+        let durations = LockedValue([Duration.zero, .seconds(10), .zero])
+        let load: @Sendable () async throws -> Int = {
+            starts.withLock { $0.append(clock.now.offset) }
+            try await clock.sleep(for: durations.withLock { $0.removeFirst() })
+            return 1
+        }
+        let state = AsyncState<Int>(wrappedValue: 0, clock: clock, refreshInterval: .seconds(10))
+        await state.fetch(load)  // settles at 0: the timer is due at 10
+        await clock.advance(by: .seconds(5))
+        clock.task { await state.refresh(load) }  // 5–15 s
+        await clock.advance(by: .seconds(10))  // due at 10 while the refresh runs: skipped
+        #expect(starts.withLock { $0 } == [.s(0), .s(5)])
+        await clock.advance(by: .seconds(5))  // due again at 20: runs
+        #expect(starts.withLock { $0 } == [.s(0), .s(5), .s(20)])
+        await state.reset()
+        await clock.checkSuspension()
+    }
+
+    @Test func cancelAndResetStopItAndTheNextFetchStartsItAgain() async throws {
+        let clock = VirtualClock()
+        let source = ScriptedSource(clock: clock, failures: 0)
+        let state = AsyncState<Int>(wrappedValue: 0, clock: clock, refreshInterval: .seconds(10))
+        await state.fetch(source.operation)
+        await state.cancel()
+        await clock.advance(by: .seconds(60))
+        #expect(source.instants == [.s(0)])
+        await state.refresh(source.operation)  // at 60 s: arms it again
+        await clock.advance(by: .seconds(10))
+        #expect(source.instants == [.s(0), .s(60), .s(70)])
+        await state.reset()
+        await clock.advance(by: .seconds(60))
+        #expect(source.instants.count == 3)
+        await clock.checkSuspension()
+    }
+
+    @Test func itStopsWhenTheStateIsFreed() async throws {
+        let clock = VirtualClock()
+        let source = ScriptedSource(clock: clock, failures: 0)
+        weak var store: AsyncStateStore<Int>?
+        do {
+            let state = AsyncState<Int>(wrappedValue: 0, clock: clock, refreshInterval: .seconds(10))
+            store = state.store
+            await state.fetch(source.operation)
+            #expect(clock.pendingSleepers == 1)
+        }
+        await clock.settle()
+        #expect(store == nil)
+        #expect(clock.pendingSleepers == 0)  // the timer did not outlive its state
+        await clock.advance(by: .seconds(60))
+        #expect(source.instants == [.zero])
+    }
+
+    @Test(arguments: [Duration.zero, .seconds(-10)])
+    func aZeroOrNegativeIntervalMeansNone(_ interval: Duration) async throws {
+        let clock = VirtualClock()
+        let source = ScriptedSource(clock: clock, failures: 0)
+        let state = AsyncState<Int>(wrappedValue: 0, clock: clock, refreshInterval: interval)
+        await state.fetch(source.operation)
+        #expect(clock.pendingSleepers == 0)
+        await clock.advance(by: .seconds(60))
+        #expect(source.instants == [.zero])
+    }
+}
+
+@Suite struct StaleWhileRevalidateTests {
+    @Test func staleDataIsReturnedAtOnceAndRefreshedInTheBackground() async throws {
+        let clock = VirtualClock()
+        let answers = LockedValue(["first", "second"])
+        let runs = LockedValue(0)
+        let load: @Sendable () async throws -> String = {
+            runs.withLock { $0 += 1 }
+            try await clock.sleep(for: .seconds(2))
+            return answers.withLock { $0.removeFirst() }
+        }
+        let state = AsyncState<String>(wrappedValue: "", expiry: .seconds(10), clock: clock, staleWhileRevalidate: true)
+        let first = clock.task { try await state.value(load) }  // no data yet: waits
+        await clock.advance(by: .seconds(2))
+        #expect(try await first.value == "first")
+
+        await clock.advance(by: .seconds(10))  // expired
+        #expect(try await state.value(load) == "first")  // at once, stale
+        #expect(state.phase.isLoading)
+        #expect(clock.now.offset == .seconds(12))
+        let callers = (0..<5).map { _ in clock.task { try await state.value(load) } }
+        for caller in callers { #expect(try await caller.value == "first") }
+        #expect(runs.withLock { $0 } == 2)  // one background refresh, however many callers
+
+        await clock.advance(by: .seconds(2))
+        #expect(state.wrappedValue == "second")
+        #expect(state.phase.lastUpdated == virtualDate(14))
+        #expect(try await state.value(load) == "second")
+    }
+
+    @Test func aBackgroundRefreshOutlivesTheCallerThatStartedIt() async throws {
+        let clock = VirtualClock()
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(1), clock: clock, staleWhileRevalidate: true)
+        await state.set(1)
+        await clock.advance(by: .seconds(1))
+        let caller = clock.task {
+            try await state.value {
+                try await clock.sleep(for: .seconds(5))
+                return 2
+            }
+        }
+        #expect(try await caller.value == 1)
+        caller.cancel()  // it has its answer; the refresh is not its to cancel
+        await clock.advance(by: .seconds(5))
+        #expect(state.wrappedValue == 2)
+    }
+
+    @Test func withoutDataItWaitsLikeAnyFetch() async throws {
+        let clock = VirtualClock()
+        let state = AsyncState<Int>(wrappedValue: -1, clock: clock, staleWhileRevalidate: true)
+        let caller = clock.task {
+            try await state.value {
+                try await clock.sleep(for: .seconds(1))
+                return 5
+            }
+        }
+        await clock.advance(by: .seconds(1))
+        #expect(try await caller.value == 5)
+    }
+
+    @Test func aFailedBackgroundRefreshKeepsTheStaleValue() async throws {
+        let clock = VirtualClock()
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(1), clock: clock, staleWhileRevalidate: true)
+        await state.set(1)
+        await clock.advance(by: .seconds(1))
+        #expect(try await state.value { throw SourceDown() } == 1)
+        await clock.settle()
+        #expect(state.phase.name == "failure")
+        #expect(state.wrappedValue == 1)
+        #expect(try await state.value { 3 } == 1)  // still stale-while-revalidate, now refreshing again
+        await clock.settle()
+        #expect(state.wrappedValue == 3)
+    }
+}
