@@ -79,7 +79,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///   - clock: The clock expiry, retries, timeouts and periodic refreshes run on. Defaults to
     ///     `ContinuousClock()`; pass a `VirtualClock` in tests.
     ///   - retry: How failed fetches are retried (each call may override it). Defaults to
-    ///     ``RetryPolicy/none``.
+    ///     ``RetryPolicy/never``.
     ///   - timeout: The longest one attempt may run before it is cancelled and fails with
     ///     ``AsyncStateError/timedOut(after:)``. `nil` (the default), zero or negative: no timeout.
     ///   - staleWhileRevalidate: When `true`, ``value(retry:_:)`` on expired data returns the stale value
@@ -95,7 +95,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         wrappedValue: Value,
         expiry: Duration = .seconds(120),
         clock: some Clock<Duration> = ContinuousClock(),
-        retry: RetryPolicy = .none,
+        retry: RetryPolicy = .never,
         timeout: Duration? = nil,
         staleWhileRevalidate: Bool = false,
         refreshInterval: Duration? = nil,
@@ -116,7 +116,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         wrappedValue: Value,
         expiry: Duration = .seconds(120),
         clock: some Clock<Duration> = ContinuousClock(),
-        retry: RetryPolicy = .none,
+        retry: RetryPolicy = .never,
         timeout: Duration? = nil,
         staleWhileRevalidate: Bool = false,
         refreshInterval: Duration? = nil,
@@ -137,7 +137,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         wrappedValue: Value,
         expiry: Duration = .seconds(120),
         clock: some Clock<Duration> = ContinuousClock(),
-        retry: RetryPolicy = .none,
+        retry: RetryPolicy = .never,
         timeout: Duration? = nil,
         staleWhileRevalidate: Bool = false,
         refreshInterval: Duration? = nil,

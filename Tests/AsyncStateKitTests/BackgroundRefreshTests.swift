@@ -158,3 +158,12 @@ import Testing
         #expect(state.wrappedValue == 3)
     }
 }
+
+@Suite struct ReadmePolicyExampleTests {
+    @Test func theQuoteServiceServesQuotes() async throws {
+        let service = QuoteService()
+        #expect(try await service.current().map(\.symbol) == ["ACME"])
+        #expect(try await service.currentOrFailFast().map(\.price) == [12.5])
+        await service.$quotes.reset()  // stops its periodic refresh
+    }
+}

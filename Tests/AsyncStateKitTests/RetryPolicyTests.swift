@@ -51,7 +51,7 @@ extension Duration {
     }
 
     @Test func noRetryByDefault() async {
-        #expect(await Self.instants(of: .none) == [.zero])
+        #expect(await Self.instants(of: .never) == [.zero])
     }
 
     @Test func constantBackoffWaitsTheSameBeforeEveryRetry() async {
@@ -164,6 +164,14 @@ extension Duration {
         await clock.advance(by: .seconds(5))
         #expect(try await caller.value == 2)
         #expect(source.instants == [.s(0), .s(5)])
+    }
+
+    @Test func aCallCanTurnRetryOffForItself() async throws {
+        let clock = VirtualClock()
+        let source = ScriptedSource(clock: clock, failures: nil)
+        let state = AsyncState<Int>(wrappedValue: 0, clock: clock, retry: .tanStack)  // declared: 3 retries
+        await #expect(throws: SourceDown.self) { try await state.value(retry: .never, source.operation) }
+        #expect(source.instants == [.zero])
     }
 
     @Test func aCancelledCallerStopsTheBackoffAtOnce() async throws {

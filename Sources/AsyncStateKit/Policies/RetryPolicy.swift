@@ -3,7 +3,7 @@ import Foundation
 /// How a failed fetch is retried: how many attempts, how long to wait between them, with how much
 /// jitter, which errors are worth retrying, and within what overall budget.
 ///
-/// The default is ``none``: one attempt, no retry — the server default of TanStack Query, where retry
+/// The default is ``never``: one attempt, no retry — the server default of TanStack Query, where retry
 /// storms hurt. Every wait happens on the state's clock, so a `VirtualClock` test sees the exact
 /// instants; jitter is drawn from a generator seeded with ``seed``, so a schedule replays exactly.
 ///
@@ -99,7 +99,7 @@ public struct RetryPolicy: Sendable {
     }
 
     /// No retry: one attempt. The default.
-    public static var none: RetryPolicy { RetryPolicy(maxAttempts: 1) }
+    public static var never: RetryPolicy { RetryPolicy(maxAttempts: 1) }
 
     /// TanStack Query's client default: 3 retries (4 attempts), waiting `min(1 s · 2ⁿ, 30 s)`.
     public static var tanStack: RetryPolicy {

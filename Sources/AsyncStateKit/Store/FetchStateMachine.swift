@@ -153,7 +153,7 @@ struct FetchStateMachine<Value: Sendable> {
 
     init(
         initialValue: Value, expiry: Duration, isEmpty: @escaping @Sendable (Value) -> Bool,
-        retryPolicy: RetryPolicy = .none, seed: UInt64 = 0
+        retryPolicy: RetryPolicy = .never, seed: UInt64 = 0
     ) {
         self.value = initialValue
         self.initialValue = initialValue

@@ -5,7 +5,7 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
     /// Decides whether a successful value is empty.
     var isEmpty: @Sendable (Value) -> Bool
     /// The retry policy of fetches whose caller gives none.
-    var retry: RetryPolicy = .none
+    var retry: RetryPolicy = .never
     /// The longest an attempt may run; `nil` for no limit.
     var timeout: Duration?
     /// Whether `value` serves stale data at once and refreshes it in the background.
@@ -16,7 +16,7 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
     /// Normalizes: a zero or negative `timeout` or `refreshInterval` means none (documented on
     /// ``AsyncState``), so neither can fail every attempt at once nor spin.
     init(
-        expiry: Duration, isEmpty: @escaping @Sendable (Value) -> Bool, retry: RetryPolicy = .none,
+        expiry: Duration, isEmpty: @escaping @Sendable (Value) -> Bool, retry: RetryPolicy = .never,
         timeout: Duration? = nil, staleWhileRevalidate: Bool = false, refreshInterval: Duration? = nil
     ) {
         self.expiry = expiry

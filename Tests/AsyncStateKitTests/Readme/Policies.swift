@@ -1,0 +1,29 @@
+// swift-format-ignore-file
+// Verbatim from README.md; .ci/run checks that the README's block still matches this file.
+import AsyncStateKit
+
+struct Quote: Sendable { var symbol: String; var price: Double }
+struct QuoteError: Error { var status: Int }
+
+func loadQuotes() async throws -> [Quote] { [Quote(symbol: "ACME", price: 12.5)] }
+
+actor QuoteService {
+    @AsyncState(
+        expiry: .seconds(30),
+        retry: RetryPolicy
+            .exponential(maxAttempts: 4, initial: .seconds(1), cap: .seconds(30), jitter: .full)
+            .retrying { ($0 as? QuoteError)?.status != 404 },  // a 404 will not get better
+        timeout: .seconds(5),           // an attempt that hangs fails with AsyncStateError.timedOut
+        staleWhileRevalidate: true,     // expired quotes are served at once while one refresh runs
+        refreshInterval: .seconds(60)   // and refreshed in the background every minute
+    )
+    var quotes: [Quote] = []
+
+    func current() async throws -> [Quote] {
+        try await $quotes.value { try await loadQuotes() }
+    }
+
+    func currentOrFailFast() async throws -> [Quote] {
+        try await $quotes.value(retry: .never) { try await loadQuotes() }  // a per-call override
+    }
+}
