@@ -63,7 +63,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
     /// The operation that fetches the value.
     public typealias Operation = @Sendable () async throws -> Value
 
-    let store: AsyncStateStore<Value>
+    @usableFromInline let store: AsyncStateStore<Value>
 
     /// Creates a state holding `wrappedValue` until the first fetch.
     ///
@@ -157,13 +157,13 @@ public struct AsyncState<Value: Sendable>: Sendable {
     // MARK: Reading
 
     /// The latest value: a synchronous snapshot, kept while loading and after a failure.
-    public var wrappedValue: Value { store.cell.value }
+    @inlinable public var wrappedValue: Value { store.cell.value }
 
     /// The wrapper itself: `$name.value { … }`, `$name.phase`, and the rest of the API.
     public var projectedValue: AsyncState<Value> { self }
 
     /// The current phase: a synchronous snapshot.
-    public var phase: AsyncPhase { store.cell.phase }
+    @inlinable public var phase: AsyncPhase { store.cell.phase }
 
     /// The current value, phase, expiry and metadata (failure count, last error, last success,
     /// success count): a synchronous snapshot.
@@ -193,9 +193,10 @@ public struct AsyncState<Value: Sendable>: Sendable {
     /// - Parameters:
     ///   - retry: The retry policy for a fetch this call starts; `nil` for the state's.
     ///   - operation: Fetches the value.
-    public func fetch(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async {
+    @inlinable
+    public nonisolated(nonsending) func fetch(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async {
         if store.cell.freshValue(at: store.clock.now()) != nil { return }
-        _ = try? await store.fetch(operation, mode: .ifExpired, policy: retry)
+        _ = try? await fetchFromStore(operation, retry: retry)
     }
 
     /// Fetches even if the data is fresh, replacing a fetch in flight (whose result is discarded), and
@@ -204,7 +205,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
     /// - Parameters:
     ///   - retry: The retry policy for this fetch; `nil` for the state's.
     ///   - operation: Fetches the value.
-    public func refresh(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async {
+    public nonisolated(nonsending) func refresh(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async {
         _ = try? await store.fetch(operation, mode: .always, policy: retry)
     }
 
@@ -224,8 +225,20 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///   ``AsyncStateError/timedOut(after:)`` when it timed out; `CancellationError` when the caller's
     ///   task is cancelled or the fetch is cancelled (``cancel()``, ``reset()``);
     ///   ``AsyncStateError/reentrantCall`` when called from inside this state's own operation.
-    public func value(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async throws -> Value {
+    @inlinable
+    public nonisolated(nonsending) func value(retry: RetryPolicy? = nil, _ operation: @escaping Operation)
+        async throws -> Value
+    {
+        // The hit path is inlined into the caller (and specialized there): a lock and a clock read.
         if let fresh = store.cell.freshValue(at: store.clock.now()) { return fresh }
+        return try await fetchFromStore(operation, retry: retry)
+    }
+
+    /// The miss path of ``value(retry:_:)`` and ``fetch(retry:_:)``: asks the store, on its actor.
+    @usableFromInline
+    nonisolated(nonsending) func fetchFromStore(_ operation: @escaping Operation, retry: RetryPolicy?)
+        async throws -> Value
+    {
         let mode: FetchStateMachine<Value>.FetchMode =
             store.configuration.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
         return try await store.fetch(operation, mode: mode, policy: retry)
@@ -234,32 +247,32 @@ public struct AsyncState<Value: Sendable>: Sendable {
     /// Re-runs the last operation when the phase is ``AsyncPhase/failure(_:)`` or
     /// ``AsyncPhase/empty``, and returns once it has settled. Otherwise — no operation yet, a fetch in
     /// flight, or any other phase — does nothing.
-    public func retry() async {
+    public nonisolated(nonsending) func retry() async {
         try? await store.retry()
     }
 
     /// Marks the data expired: the next ``fetch(_:)`` goes to the source. A fetch in flight still
     /// completes, but its result lands already expired.
-    public func invalidate() async {
+    public nonisolated(nonsending) func invalidate() async {
         _ = try? await store.enter { $0.invalidate() }
     }
 
     /// Cancels the fetch in flight, if any: its callers get `CancellationError`, the phase goes back to
     /// what it was before the fetch, and the value is untouched.
-    public func cancel() async {
+    public nonisolated(nonsending) func cancel() async {
         _ = try? await store.enter { $0.cancel() }
     }
 
     /// Writes a value (a manual or optimistic update), fresh from now: the phase becomes
     /// ``AsyncPhase/success(_:)`` (or ``AsyncPhase/empty``). A fetch in flight is cancelled and its
     /// callers get this value; its result never overwrites it.
-    public func set(_ value: Value) async {
+    public nonisolated(nonsending) func set(_ value: Value) async {
         _ = try? await store.enter { $0.set(value) }
     }
 
     /// Goes back to the initial value and ``AsyncPhase/initial``, forgetting the last operation. A
     /// fetch in flight is cancelled and its callers get `CancellationError`.
-    public func reset() async {
+    public nonisolated(nonsending) func reset() async {
         _ = try? await store.enter { $0.reset() }
     }
 }

@@ -17,19 +17,20 @@ enum OperationContext {
 /// Under a settling clock (`VirtualClock`) the actor runs on the clock's serial executor and its tasks
 /// prefer the clock's task executor, so every job of the store is counted by the clock's settling.
 /// Otherwise it shares the executor of a plain default actor it owns.
+@usableFromInline
 actor AsyncStateStore<Value: Sendable> {
     typealias Operation = @Sendable () async throws -> Value
     typealias Machine = FetchStateMachine<Value>
 
     /// The actor's executor: the clock's serial executor, or a private default actor's.
-    nonisolated let unownedExecutor: UnownedSerialExecutor
+    @usableFromInline nonisolated let unownedExecutor: UnownedSerialExecutor
     /// Keeps the object behind ``unownedExecutor`` alive.
     private nonisolated let executorOwner: any Sendable
 
     /// What synchronous readers and `updates` see.
-    nonisolated let cell: SnapshotCell<Value>
+    @usableFromInline nonisolated let cell: SnapshotCell<Value>
     /// The injected clock.
-    nonisolated let clock: StoreClock
+    @usableFromInline nonisolated let clock: StoreClock
     /// The continuations of waiting callers (outside the actor; see ``WaiterTable``).
     nonisolated let waiters = WaiterTable<Value>()
     /// The declared policies.

@@ -1,13 +1,15 @@
 /// The published state of a store, behind the package's lock: what synchronous readers
 /// (`wrappedValue`, `phase`, `hasExpired(in:)`, the fresh-hit path of `value`) and the `updates`
 /// subscribers see. Only the store writes it, once per transition.
+@usableFromInline
 final class SnapshotCell<Value: Sendable>: Sendable {
     /// The guarded contents.
+    @usableFromInline
     struct Contents {
         /// The latest snapshot (its `isExpired` as of publication).
-        var snapshot: AsyncSnapshot<Value>
+        @usableFromInline var snapshot: AsyncSnapshot<Value>
         /// When the current data arrived fresh, or `nil` (see `FetchStateMachine.freshSince`).
-        var freshSince: Duration?
+        @usableFromInline var freshSince: Duration?
         /// The `updates` subscribers, by id.
         var subscribers: [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation] = [:]
         /// The next subscriber id.
@@ -15,11 +17,11 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     }
 
     /// How long data stays fresh (zero or less: never).
-    let expiry: Duration
+    @usableFromInline let expiry: Duration
     /// How many snapshots a subscriber that does not keep up may have queued; older ones are dropped.
     static var subscriberBuffer: Int { 64 }
 
-    private let contents: LockedValue<Contents>
+    @usableFromInline let contents: LockedValue<Contents>
 
     init(value: Value, expiry: Duration) {
         self.expiry = expiry
@@ -34,9 +36,9 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         for continuation in subscribers.values { continuation.finish() }
     }
 
-    var value: Value { contents.withLock { $0.snapshot.value } }
+    @inlinable var value: Value { contents.withLock { $0.snapshot.value } }
 
-    var phase: AsyncPhase { contents.withLock { $0.snapshot.phase } }
+    @inlinable var phase: AsyncPhase { contents.withLock { $0.snapshot.phase } }
 
     /// The current snapshot, expired or not at `now`.
     func snapshot(at now: Duration) -> AsyncSnapshot<Value> {
@@ -48,13 +50,13 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     }
 
     /// The value if the data is fresh at `now`, else `nil`: the hit path of `value` and `fetch`.
-    func freshValue(at now: Duration) -> Value? {
+    @inlinable func freshValue(at now: Duration) -> Value? {
         contents.withLock { contents in
             isFresh(contents.freshSince, at: now) ? contents.snapshot.value : nil
         }
     }
 
-    private func isFresh(_ freshSince: Duration?, at now: Duration) -> Bool {
+    @inlinable func isFresh(_ freshSince: Duration?, at now: Duration) -> Bool {
         guard let freshSince else { return false }
         return now - freshSince < expiry
     }
