@@ -306,33 +306,30 @@ public final class VirtualClock: Clock, SettlingClock, DatedClock, Sendable {
 
     // MARK: Internals
 
-    /// Settles, then wakes due sleepers one at a time up to `target`, at most `wakeLimit` of them.
-    /// Returns how many it woke, or `nil` after a stall was reported.
+    /// Drives time to `target` (see ``advance(to:fileID:filePath:line:column:)``), waking at most
+    /// `wakeLimit` sleepers. Returns how many it woke, or `nil` after a stall was reported.
     private func advance(
         to target: Duration, wakeLimit: Int, operation: String, _ location: SourceLocation
     ) async -> Int? {
-        var woken = 0
-        while true {
-            guard await settle(operation: operation, location) else { return nil }
-            guard woken < wakeLimit, let sleeper = core.takeNextDue(upTo: target) else { return woken }
-            sleeper.resume()
-            woken += 1
-        }
-    }
-
-    private func settle(operation: String, _ location: SourceLocation) async -> Bool {
         if core.isOnExecutor {
             report(
                 operation,
                 "called from a task that runs on this clock's executor (one started with task(_:)); it would wait for itself. Drive the clock from the test",
                 location)
-            return false
+            return nil
         }
-        guard await core.settle() else {
+        switch await core.wait(until: target, wakeLimit: wakeLimit) {
+        case .done(let woken):
+            return woken
+        case .stalled:
             report(operation, "woken work did not settle within \(stallTimeout) of real time", location)
-            return false
+            return nil
         }
-        return true
+    }
+
+    /// Waits for pending work to settle without moving time; `false` after a stall was reported.
+    private func settle(operation: String, _ location: SourceLocation) async -> Bool {
+        await advance(to: .zero, wakeLimit: 0, operation: operation, location) != nil
     }
 
     private func report(_ operation: String, _ reason: String, _ location: SourceLocation) {
@@ -347,12 +344,4 @@ public final class VirtualClock: Clock, SettlingClock, DatedClock, Sendable {
 extension Clock where Self == VirtualClock {
     /// A new ``VirtualClock`` at 2001-01-01 00:00:00 UTC: `AsyncState(wrappedValue: [], clock: .virtual)`.
     public static var virtual: VirtualClock { VirtualClock() }
-}
-
-extension Duration {
-    /// The duration in seconds, as a `TimeInterval`.
-    var timeInterval: TimeInterval {
-        let (seconds, attoseconds) = components
-        return TimeInterval(seconds) + TimeInterval(attoseconds) * 1e-18
-    }
 }

@@ -13,6 +13,30 @@ import Darwin
 /// jobs its executor has not finished. Every method takes the lock once and resumes continuations only
 /// after releasing it.
 final class VirtualClockCore: Sendable {
+    /// One call that waits for virtual time to be driven to `target`.
+    struct Wait {
+        /// Identifies the wait (for its watchdog).
+        var id: UInt64
+        /// Where `now` should be when it is done.
+        var target: Duration
+        /// How many sleepers it may wake; when reached, it ends without moving `now` further.
+        var wakeLimit: Int
+        /// How many it has woken.
+        var woken = 0
+        /// When it last made progress (a wake, or its start), in `DispatchTime` nanoseconds.
+        var lastProgress: UInt64
+        /// Resumed when it is done, or stalled.
+        var continuation: CheckedContinuation<WaitOutcome, Never>
+    }
+
+    /// How a wait ended.
+    enum WaitOutcome {
+        /// Done, after waking this many sleepers.
+        case done(woken: Int)
+        /// No progress within the stall timeout.
+        case stalled
+    }
+
     /// Everything the lock guards.
     struct State {
         /// Virtual time, as an offset from the clock's start.
@@ -30,8 +54,8 @@ final class VirtualClockCore: Sendable {
         var jobs = 0
         /// The thread running a job on the executor's queue, if any.
         var jobThread: pthread_t?
-        /// Callers of `settle` waiting for `jobs` to reach zero.
-        var idleWaiters: [UInt64: CheckedContinuation<Bool, Never>] = [:]
+        /// Calls of `advance`, `settle` and `runUntilIdle` in arrival order; the first is being driven.
+        var waits: [Wait] = []
         /// Callers of `waitForSleepers` waiting for `sleepers.count` to reach their count.
         var sleeperWaiters: [UInt64: (count: Int, continuation: CheckedContinuation<Bool, Never>)] = [:]
 
@@ -51,6 +75,22 @@ final class VirtualClockCore: Sendable {
             if heap.count > 64 && heap.count > 2 * sleepers.count {
                 heap.removeAll { sleepers[$0.id] == nil }
             }
+        }
+
+        /// Removes the soonest live sleeper due at or before `target` and moves `now` to its deadline
+        /// (never backwards); `nil` when none is due.
+        mutating func popDue(upTo target: Duration) -> CheckedContinuation<Void, any Error>? {
+            while let top = heap.min {
+                guard sleepers[top.id] != nil else {
+                    heap.popMin()
+                    continue
+                }
+                guard top.deadline <= target else { return nil }
+                heap.popMin()
+                now = max(now, top.deadline)
+                return sleepers.removeValue(forKey: top.id)
+            }
+            return nil
         }
 
         /// Takes the waiters of `waitForSleepers` whose count is now reached.
@@ -88,14 +128,107 @@ final class VirtualClockCore: Sendable {
     }
 
     private func jobFinished() {
-        let waiters = state.withLock { state -> [CheckedContinuation<Bool, Never>] in
+        let idle = state.withLock { state in
             state.jobThread = nil
             state.jobs -= 1
-            guard state.jobs == 0, !state.idleWaiters.isEmpty else { return [] }
-            defer { state.idleWaiters = [:] }
-            return Array(state.idleWaiters.values)
+            return state.jobs == 0
         }
-        for waiter in waiters { waiter.resume(returning: true) }
+        if idle { drive() }
+    }
+
+    // MARK: Driving time
+
+    /// Makes progress on the first wait while no job is queued or running: wakes the next due
+    /// sleeper, or finishes the wait. Called whenever the job count may have reached zero — usually
+    /// on the executor's own thread right after a job, so a whole advance runs without handing
+    /// control back and forth between threads.
+    ///
+    /// A woken sleeper is counted busy (a token in `jobs`) before it is resumed, and the token is
+    /// released only after `resume()` has returned — by which time the woken task's next job, if it
+    /// runs on this clock's executor, is counted too. So no other driver can see "idle" in between,
+    /// and sleepers are woken strictly one at a time, each after the previous one's work settled.
+    private func drive() {
+        enum Step {
+            case idle
+            case wake(CheckedContinuation<Void, any Error>)
+            case finish(CheckedContinuation<WaitOutcome, Never>, WaitOutcome)
+        }
+        while true {
+            let step = state.withLock { state -> Step in
+                guard state.jobs == 0, var wait = state.waits.first else { return .idle }
+                if wait.woken < wait.wakeLimit {
+                    if let sleeper = state.popDue(upTo: wait.target) {
+                        wait.woken += 1
+                        wait.lastProgress = DispatchTime.now().uptimeNanoseconds
+                        state.waits[0] = wait
+                        state.jobs += 1  // the wake token
+                        return .wake(sleeper)
+                    }
+                    state.now = max(state.now, wait.target)
+                }
+                state.waits.removeFirst()
+                return .finish(wait.continuation, .done(woken: wait.woken))
+            }
+            switch step {
+            case .idle:
+                return
+            case .wake(let sleeper):
+                sleeper.resume()
+                let idle = state.withLock { state in
+                    state.jobs -= 1  // release the token
+                    return state.jobs == 0
+                }
+                if !idle { return }  // the woken work is queued: the executor drives on when it settles
+            case .finish(let continuation, let outcome):
+                continuation.resume(returning: outcome)
+            }
+        }
+    }
+
+    /// Waits until virtual time has been driven to `target`: due sleepers woken one at a time (at
+    /// most `wakeLimit`), each after the work before it settled, and the work of the last one settled.
+    func wait(until target: Duration, wakeLimit: Int) async -> WaitOutcome {
+        let outcome = await withCheckedContinuation { continuation in
+            let id = state.withLock { state in
+                let id = state.makeID()
+                state.waits.append(
+                    Wait(
+                        id: id, target: target, wakeLimit: max(0, wakeLimit),
+                        lastProgress: DispatchTime.now().uptimeNanoseconds, continuation: continuation))
+                return id
+            }
+            scheduleWaitWatchdog(id, after: stallTimeout)
+            drive()
+        }
+        return outcome
+    }
+
+    /// Checks wait `id` after `delay`: if it made no progress for ``stallTimeout`` it is removed and
+    /// resumed as stalled; if it did, the check is scheduled again for when it could next stall.
+    private func scheduleWaitWatchdog(_ id: UInt64, after delay: Duration) {
+        DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: delay.wholeNanoseconds))) {
+            [self] in
+            enum Check {
+                case gone
+                case recheck(Duration)
+                case stalled(CheckedContinuation<WaitOutcome, Never>, Bool)
+            }
+            let check = state.withLock { state -> Check in
+                guard let index = state.waits.firstIndex(where: { $0.id == id }) else { return .gone }
+                let idle = DispatchTime.now().uptimeNanoseconds - state.waits[index].lastProgress
+                let timeout = UInt64(clamping: stallTimeout.wholeNanoseconds)
+                if idle < timeout { return .recheck(.nanoseconds(Int64(clamping: timeout - idle))) }
+                let wait = state.waits.remove(at: index)
+                return .stalled(wait.continuation, index == 0)
+            }
+            switch check {
+            case .gone: return
+            case .recheck(let delay): scheduleWaitWatchdog(id, after: delay)
+            case .stalled(let continuation, let wasFirst):
+                continuation.resume(returning: .stalled)
+                if wasFirst { drive() }
+            }
+        }
     }
 
     /// Whether the calling thread is running a job of this clock's executor.
@@ -152,25 +285,6 @@ final class VirtualClockCore: Sendable {
         continuation?.resume(throwing: CancellationError())
     }
 
-    /// Removes the soonest live sleeper due at or before `target`, moving `now` to its deadline; when
-    /// there is none, moves `now` to `target` and returns `nil`. `now` never moves backwards.
-    func takeNextDue(upTo target: Duration) -> CheckedContinuation<Void, any Error>? {
-        state.withLock { state in
-            while let top = state.heap.min {
-                guard state.sleepers[top.id] != nil else {
-                    state.heap.popMin()
-                    continue
-                }
-                guard top.deadline <= target else { break }
-                state.heap.popMin()
-                state.now = max(state.now, top.deadline)
-                return state.sleepers.removeValue(forKey: top.id)
-            }
-            state.now = max(state.now, target)
-            return nil
-        }
-    }
-
     /// The deadline of the soonest live sleeper.
     var nextDeadline: Duration? {
         state.withLock { state in
@@ -179,23 +293,7 @@ final class VirtualClockCore: Sendable {
         }
     }
 
-    // MARK: Waiting, with a watchdog
-
-    /// Waits until no job of the executor is queued or running. Returns `false` when that did not
-    /// happen within ``stallTimeout`` of real time.
-    func settle() async -> Bool {
-        if state.withLock({ $0.jobs == 0 }) { return true }
-        return await withCheckedContinuation { continuation in
-            let id = state.withLock { state -> UInt64? in
-                guard state.jobs > 0 else { return nil }
-                let id = state.makeID()
-                state.idleWaiters[id] = continuation
-                return id
-            }
-            guard let id else { return continuation.resume(returning: true) }
-            scheduleWatchdog { state in state.idleWaiters.removeValue(forKey: id) }
-        }
-    }
+    // MARK: Waiting for sleepers, with a watchdog
 
     /// Waits until at least `count` sleepers are registered. Returns `false` on a stall.
     func waitForSleepers(_ count: Int) async -> Bool {
@@ -212,12 +310,11 @@ final class VirtualClockCore: Sendable {
         }
     }
 
-    /// After ``stallTimeout`` of real time, takes the waiter out with `take` (if it is still there) and
-    /// resumes it with `false`.
+    /// After ``stallTimeout`` of real time, takes the `waitForSleepers` waiter out with `take` (if it is
+    /// still there) and resumes it with `false`.
     private func scheduleWatchdog(take: @escaping @Sendable (inout State) -> CheckedContinuation<Bool, Never>?) {
-        let (seconds, attoseconds) = stallTimeout.components
-        let nanoseconds = max(0, seconds) * 1_000_000_000 + max(0, attoseconds) / 1_000_000_000
-        DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: nanoseconds))) { [self] in
+        let delay = DispatchTimeInterval.nanoseconds(Int(clamping: stallTimeout.wholeNanoseconds))
+        DispatchQueue.global().asyncAfter(deadline: .now() + delay) { [self] in
             state.withLock(take)?.resume(returning: false)
         }
     }

@@ -39,8 +39,8 @@ public struct RetryPolicy: Sendable {
                 return min(delay, max(.zero, cap))
             case .exponential(let initial, let multiplier, let cap):
                 let cap = max(.zero, cap)
-                let seconds = initial.seconds * pow(max(1, multiplier), Double(n - 1))
-                guard seconds.isFinite, seconds < cap.seconds else { return cap }
+                let seconds = initial.timeInterval * pow(max(1, multiplier), Double(n - 1))
+                guard seconds.isFinite, seconds < cap.timeInterval else { return cap }
                 return max(.zero, .seconds(seconds))
             }
         }
@@ -126,7 +126,7 @@ public struct RetryPolicy: Sendable {
     /// The delay before retry number `retry`, with jitter drawn from `generator`.
     func delay(beforeRetry retry: Int, using generator: inout some RandomNumberGenerator) -> Duration {
         let delay = backoff.delay(beforeRetry: retry)
-        let nanoseconds = delay.nanoseconds
+        let nanoseconds = delay.wholeNanoseconds
         switch jitter {
         case .none:
             return delay
@@ -136,23 +136,5 @@ public struct RetryPolicy: Sendable {
             let half = nanoseconds / 2
             return .nanoseconds(nanoseconds - half + Int64.random(in: 0...half, using: &generator))
         }
-    }
-}
-
-extension Duration {
-    /// The duration in seconds, as a `Double`.
-    var seconds: Double {
-        let (seconds, attoseconds) = components
-        return Double(seconds) + Double(attoseconds) * 1e-18
-    }
-
-    /// The duration in whole nanoseconds, clamped to `0...Int64.max`.
-    var nanoseconds: Int64 {
-        let (seconds, attoseconds) = components
-        guard seconds >= 0 else { return 0 }
-        let (scaled, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
-        guard !overflow else { return .max }
-        let (total, overflow2) = scaled.addingReportingOverflow(attoseconds / 1_000_000_000)
-        return overflow2 ? .max : total
     }
 }
