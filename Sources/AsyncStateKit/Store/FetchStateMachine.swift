@@ -185,14 +185,17 @@ struct FetchStateMachine<Value: Sendable> {
             let id = begin(waiters: [], now: now, policy: policy, keepAlive: true)
             return .returnStale(value, refreshing: id)
         }
-        if let current = flight {
+        if flight != nil {
             guard mode == .always else {
-                flight?.waiters.append(waiter)
+                // In place: binding the flight to a local first would make this append copy every
+                // waiter (copy-on-write), which is quadratic for many joiners.
+                flight!.waiters.append(waiter)
                 return .join
             }
             // refresh: a new flight takes over the old one's waiters; the old result will be dropped.
-            let id = begin(waiters: current.waiters + [waiter], now: now, policy: policy, keepAlive: false)
-            return .start(id: id, cancelling: current.id)
+            let replaced = flight!.id
+            let id = begin(waiters: flight!.waiters + [waiter], now: now, policy: policy, keepAlive: false)
+            return .start(id: id, cancelling: replaced)
         }
         let id = begin(waiters: [waiter], now: now, policy: policy, keepAlive: false)
         return .start(id: id, cancelling: nil)
@@ -252,12 +255,9 @@ struct FetchStateMachine<Value: Sendable> {
     /// The task of waiter `waiter` was cancelled: it stops waiting; the flight is cancelled if it was
     /// the last waiter of a flight that is not a background one.
     mutating func waiterCancelled(_ waiter: WaiterID) -> WaiterCancelledAction {
-        guard var current = flight, let index = current.waiters.firstIndex(of: waiter) else { return .none }
-        current.waiters.remove(at: index)
-        guard current.waiters.isEmpty, !current.keepAlive else {
-            flight = current
-            return .resume(waiter)
-        }
+        guard let index = flight?.waiters.firstIndex(of: waiter) else { return .none }
+        flight!.waiters.remove(at: index)  // in place, as in fetch
+        guard let current = flight, current.waiters.isEmpty, !current.keepAlive else { return .resume(waiter) }
         flight = nil
         phase = current.phaseBefore
         bump()

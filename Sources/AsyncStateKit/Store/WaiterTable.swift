@@ -27,7 +27,7 @@ final class WaiterTable<Value: Sendable>: Sendable {
 
     /// Suspends until waiter `id` is resumed. If the task is cancelled, it stops waiting at once with
     /// `CancellationError` and `onCancel` tells the store (which may cancel the flight).
-    func wait(_ id: ID, onCancel: @escaping @Sendable () -> Void) async throws -> Value {
+    func wait(_ id: ID, onCancel: @Sendable () -> Void) async throws -> Value {
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { continuation in
                 let early = slots.withLock { slots -> Result<Value, any Error>? in
