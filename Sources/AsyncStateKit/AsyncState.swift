@@ -151,7 +151,9 @@ public struct AsyncState<Value: Sendable>: Sendable {
     }
 
     private init(_ initialValue: Value, _ clock: some Clock<Duration>, _ configuration: StoreConfiguration<Value>) {
-        store = AsyncStateStore(initialValue: initialValue, configuration: configuration, clock: StoreClock(clock))
+        store = AsyncStateStore(
+            initialValue: initialValue, configuration: configuration, clock: StoreClock(clock),
+            serialExecutor: clock.settlingSerialExecutor)
     }
 
     // MARK: Reading
@@ -240,7 +242,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         async throws -> Value
     {
         let mode: FetchStateMachine<Value>.FetchMode =
-            store.configuration.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
+            store.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
         return try await store.fetch(operation, mode: mode, policy: retry)
     }
 

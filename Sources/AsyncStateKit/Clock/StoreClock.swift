@@ -12,8 +12,6 @@ struct StoreClock: Sendable {
     let sleep: @Sendable (_ until: Duration) async throws -> Void
     /// The executor preference for the store's tasks (see `SettlingClock`).
     let executor: (any TaskExecutor)?
-    /// The serial executor for the store's actor, when the clock settles (see `SettlingClock`).
-    let serialExecutor: (any SerialExecutor)?
 
     init<C: Clock<Duration>>(_ clock: C) {
         // The common clocks get closures specialized for their concrete type (the read is on every
@@ -28,15 +26,23 @@ struct StoreClock: Sendable {
     }
 
     private init<C: Clock<Duration>>(specialized clock: C) {
-        let origin = clock.now
-        now = { origin.duration(to: clock.now) }
-        if let dated = clock as? any DatedClock {
-            date = { dated.date }
-        } else {
-            date = { Date() }
-        }
-        sleep = { offset in try await clock.sleep(until: origin.advanced(by: offset), tolerance: nil) }
+        // Every closure captures only `context`, a single reference, so none needs a context box of
+        // its own: one allocation for all three.
+        let context = Context(clock)
+        now = { context.origin.duration(to: context.clock.now) }
+        date = { (context.clock as? any DatedClock)?.date ?? Date() }  // once per success
+        sleep = { offset in try await context.clock.sleep(until: context.origin.advanced(by: offset), tolerance: nil) }
         executor = clock.settlingExecutor
-        serialExecutor = clock.settlingSerialExecutor
+    }
+
+    /// What the closures share.
+    private final class Context<C: Clock<Duration>>: Sendable {
+        let clock: C
+        let origin: C.Instant
+
+        init(_ clock: C) {
+            self.clock = clock
+            origin = clock.now
+        }
     }
 }

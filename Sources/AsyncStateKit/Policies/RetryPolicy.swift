@@ -56,21 +56,74 @@ public struct RetryPolicy: Sendable {
         case equal
     }
 
-    /// How many attempts in all, the first included; at least 1.
-    public var maxAttempts: Int
+    /// The fields, in one immutable box: a policy is stored in every state and every flight, and
+    /// this keeps it one word wide. Setters replace the box.
+    private final class Storage: Sendable {
+        let maxAttempts: Int
+        let backoff: Backoff
+        let jitter: Jitter
+        let seed: UInt64?
+        let budget: Duration?
+        let shouldRetry: @Sendable (any Error) -> Bool
+
+        init(
+            maxAttempts: Int, backoff: Backoff, jitter: Jitter, seed: UInt64?, budget: Duration?,
+            shouldRetry: @escaping @Sendable (any Error) -> Bool
+        ) {
+            self.maxAttempts = max(1, maxAttempts)
+            self.backoff = backoff
+            self.jitter = jitter
+            self.seed = seed
+            self.budget = budget
+            self.shouldRetry = shouldRetry
+        }
+
+        func with(
+            maxAttempts: Int? = nil, backoff: Backoff? = nil, jitter: Jitter? = nil, seed: UInt64?? = nil,
+            budget: Duration?? = nil, shouldRetry: (@Sendable (any Error) -> Bool)? = nil
+        ) -> Storage {
+            Storage(
+                maxAttempts: maxAttempts ?? self.maxAttempts, backoff: backoff ?? self.backoff,
+                jitter: jitter ?? self.jitter, seed: seed ?? self.seed, budget: budget ?? self.budget,
+                shouldRetry: shouldRetry ?? self.shouldRetry)
+        }
+    }
+
+    private var storage: Storage
+
+    /// How many attempts in all, the first included; at least 1 (smaller values are clamped to 1).
+    public var maxAttempts: Int {
+        get { storage.maxAttempts }
+        set { storage = storage.with(maxAttempts: newValue) }
+    }
     /// The delay before each retry.
-    public var backoff: Backoff
+    public var backoff: Backoff {
+        get { storage.backoff }
+        set { storage = storage.with(backoff: newValue) }
+    }
     /// How the delay is randomized.
-    public var jitter: Jitter
+    public var jitter: Jitter {
+        get { storage.jitter }
+        set { storage = storage.with(jitter: newValue) }
+    }
     /// The seed of the jitter generator: the same seed gives the same schedule. `nil` (the default)
     /// draws a fresh seed for every fetch, so that many states do not retry in lockstep.
-    public var seed: UInt64?
+    public var seed: UInt64? {
+        get { storage.seed }
+        set { storage = storage.with(seed: .some(newValue)) }
+    }
     /// The longest time from the start of a fetch within which a retry may still start; `nil` for
     /// no limit.
-    public var budget: Duration?
+    public var budget: Duration? {
+        get { storage.budget }
+        set { storage = storage.with(budget: .some(newValue)) }
+    }
     /// Whether an error is worth retrying. `CancellationError` is never retried (cancellation is
     /// not a failure).
-    public var shouldRetry: @Sendable (any Error) -> Bool
+    public var shouldRetry: @Sendable (any Error) -> Bool {
+        get { storage.shouldRetry }
+        set { storage = storage.with(shouldRetry: newValue) }
+    }
 
     /// Creates a policy.
     ///
@@ -90,12 +143,9 @@ public struct RetryPolicy: Sendable {
         budget: Duration? = nil,
         shouldRetry: @escaping @Sendable (any Error) -> Bool = { _ in true }
     ) {
-        self.maxAttempts = max(1, maxAttempts)
-        self.backoff = backoff
-        self.jitter = jitter
-        self.seed = seed
-        self.budget = budget
-        self.shouldRetry = shouldRetry
+        storage = Storage(
+            maxAttempts: maxAttempts, backoff: backoff, jitter: jitter, seed: seed, budget: budget,
+            shouldRetry: shouldRetry)
     }
 
     /// No retry: one attempt. The default.

@@ -1,8 +1,21 @@
 import Foundation
+import Synchronization
 
-/// A default actor whose executor a store shares when its clock does not settle: the store then
-/// behaves exactly like a default actor.
-private actor ExecutorHost {}
+/// Default actors whose executors stores share when their clock does not settle.
+///
+/// A store needs a serial executor of its own only under a settling clock; otherwise any default
+/// actor's will do. Owning one per state would cost ~140 bytes each, so states take one of a fixed
+/// pool in turn: stores sharing a host serialize only their short actor turns (microseconds; never
+/// their operations, which run in their own tasks), and there are many more hosts than cores.
+private actor ExecutorHost {
+    static let pool: [ExecutorHost] = (0..<64).map { _ in ExecutorHost() }
+    private static let next = Atomic<Int>(0)
+
+    /// The next host of the pool, in turn.
+    static func take() -> ExecutorHost {
+        pool[next.add(1, ordering: .relaxed).oldValue & (pool.count - 1)]
+    }
+}
 
 /// The stores whose operations the current task is running (directly or through nested states), so
 /// a call that would wait for its own result is refused instead of hanging.
@@ -16,25 +29,28 @@ enum OperationContext {
 ///
 /// Under a settling clock (`VirtualClock`) the actor runs on the clock's serial executor and its tasks
 /// prefer the clock's task executor, so every job of the store is counted by the clock's settling.
-/// Otherwise it shares the executor of a plain default actor it owns.
+/// Otherwise it shares the executor of a default actor from a small pool (see `ExecutorHost`).
 @usableFromInline
 actor AsyncStateStore<Value: Sendable> {
     typealias Operation = @Sendable () async throws -> Value
     typealias Machine = FetchStateMachine<Value>
 
-    /// The actor's executor: the clock's serial executor, or a private default actor's.
+    /// The actor's executor: the settling clock's serial executor (kept alive by the clock, which
+    /// ``clock`` keeps alive), or a pooled default actor's (kept alive by the pool).
     @usableFromInline nonisolated let unownedExecutor: UnownedSerialExecutor
-    /// Keeps the object behind ``unownedExecutor`` alive.
-    private nonisolated let executorOwner: any Sendable
 
     /// What synchronous readers and `updates` see.
     @usableFromInline nonisolated let cell: SnapshotCell<Value>
     /// The injected clock.
     @usableFromInline nonisolated let clock: StoreClock
-    /// The continuations of waiting callers (outside the actor; see ``WaiterTable``).
-    nonisolated let waiters = WaiterTable<Value>()
-    /// The declared policies.
-    nonisolated let configuration: StoreConfiguration<Value>
+    /// The continuations of waiting callers, outside the actor (see ``WaiterTable``).
+    nonisolated var waiters: WaiterTable<Value> { WaiterTable(cell: cell) }
+    /// The longest an attempt may run; `nil` for no limit.
+    private nonisolated let timeout: Duration?
+    /// Whether `value` serves stale data at once and refreshes it in the background.
+    @usableFromInline nonisolated let staleWhileRevalidate: Bool
+    /// How long after a fetch settles the next background refresh starts; `nil` for none.
+    private nonisolated let refreshInterval: Duration?
 
     private var machine: Machine
     private var operations: [Machine.FlightID: Task<Void, Never>] = [:]
@@ -42,17 +58,16 @@ actor AsyncStateStore<Value: Sendable> {
     private var periodicRefresh: Task<Void, Never>?
     private var nextWaiter: UInt64 = 0
 
-    init(initialValue: Value, configuration: StoreConfiguration<Value>, clock: StoreClock) {
+    /// Creates a store; `serialExecutor` is the settling clock's, if it has one.
+    init(
+        initialValue: Value, configuration: StoreConfiguration<Value>, clock: StoreClock,
+        serialExecutor: (any SerialExecutor)?
+    ) {
         self.clock = clock
-        self.configuration = configuration
-        if let serial = clock.serialExecutor {
-            executorOwner = serial
-            unownedExecutor = serial.asUnownedSerialExecutor()
-        } else {
-            let host = ExecutorHost()
-            executorOwner = host
-            unownedExecutor = host.unownedExecutor
-        }
+        timeout = configuration.timeout
+        staleWhileRevalidate = configuration.staleWhileRevalidate
+        refreshInterval = configuration.refreshInterval
+        unownedExecutor = serialExecutor?.asUnownedSerialExecutor() ?? ExecutorHost.take().unownedExecutor
         cell = SnapshotCell(value: initialValue, expiry: configuration.expiry)
         machine = Machine(
             initialValue: initialValue, expiry: configuration.expiry, isEmpty: configuration.isEmpty,
@@ -257,7 +272,7 @@ actor AsyncStateStore<Value: Sendable> {
     /// Starts the periodic refresh, if the state has one and it is not running: called when a fetch
     /// settles, so the first refresh comes one interval after it.
     private func armPeriodicRefresh() {
-        guard periodicRefresh == nil, let interval = configuration.refreshInterval else { return }
+        guard periodicRefresh == nil, let interval = refreshInterval else { return }
         periodicRefresh = Self.refreshPeriodically(self, every: interval, clock: clock)
     }
 
@@ -292,7 +307,7 @@ actor AsyncStateStore<Value: Sendable> {
                 return .failure(error)
             }
         }
-        guard let timeout = configuration.timeout else { return await run() }
+        guard let timeout else { return await run() }
         let deadline = clock.now() + timeout
         return await withTaskGroup(of: Machine.Outcome?.self) { [clock] group in
             group.addTask { await run() }

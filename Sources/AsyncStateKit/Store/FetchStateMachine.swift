@@ -126,7 +126,10 @@ struct FetchStateMachine<Value: Sendable> {
     /// serves it.
     private(set) var hasData = false
     /// The flight in flight, if any.
-    private(set) var flight: Flight?
+    var flight: Flight? { flightBox?.flight }
+    /// Where the flight lives: boxed, so that an idle state does not carry its ~120 bytes inline.
+    /// Copied on write (``mutateFlight(_:)``), so the machine keeps value semantics.
+    private var flightBox: FlightBox?
     /// Whether an operation has been run, so ``retry(waiter:)`` has something to re-run.
     private(set) var hasOperation = false
     /// Bumped by every event that changes the state; flight ids are drawn from it.
@@ -189,7 +192,7 @@ struct FetchStateMachine<Value: Sendable> {
             guard mode == .always else {
                 // In place: binding the flight to a local first would make this append copy every
                 // waiter (copy-on-write), which is quadratic for many joiners.
-                flight!.waiters.append(waiter)
+                mutateFlight { $0.waiters.append(waiter) }
                 return .join
             }
             // refresh: a new flight takes over the old one's waiters; the old result will be dropped.
@@ -224,7 +227,7 @@ struct FetchStateMachine<Value: Sendable> {
         bump()
         switch outcome {
         case .success(let newValue):
-            flight = nil
+            setFlight(nil)
             value = newValue
             hasData = true
             phase = isEmpty(newValue) ? .empty : .success(date)
@@ -238,15 +241,15 @@ struct FetchStateMachine<Value: Sendable> {
             failureCount = current.failures
             lastError = error
             if let at = retryInstant(for: &current, after: error, now: now) {
-                flight = current
+                setFlight(current)
                 return .retry(at: at)
             }
-            flight = nil
+            setFlight(nil)
             phase = .failure(error)
             freshSince = nil
             return .settle(waiters: current.waiters, result: .failure(error))
         case .cancelled:
-            flight = nil
+            setFlight(nil)
             phase = current.phaseBefore
             return .settle(waiters: current.waiters, result: .failure(CancellationError()))
         }
@@ -256,9 +259,9 @@ struct FetchStateMachine<Value: Sendable> {
     /// the last waiter of a flight that is not a background one.
     mutating func waiterCancelled(_ waiter: WaiterID) -> WaiterCancelledAction {
         guard let index = flight?.waiters.firstIndex(of: waiter) else { return .none }
-        flight!.waiters.remove(at: index)  // in place, as in fetch
+        mutateFlight { $0.waiters.remove(at: index) }  // in place, as in fetch
         guard let current = flight, current.waiters.isEmpty, !current.keepAlive else { return .resume(waiter) }
-        flight = nil
+        setFlight(nil)
         phase = current.phaseBefore
         bump()
         return .resumeAndCancelFlight(waiter, flight: current.id)
@@ -268,7 +271,7 @@ struct FetchStateMachine<Value: Sendable> {
     /// back to what it was before the flight. Publish when a flight was cancelled.
     mutating func cancel() -> EndedFlight {
         guard let current = flight else { return .none }
-        flight = nil
+        setFlight(nil)
         phase = current.phaseBefore
         bump()
         return .cancel(id: current.id, waiters: current.waiters)
@@ -278,7 +281,7 @@ struct FetchStateMachine<Value: Sendable> {
     /// Publish.
     mutating func invalidate() {
         freshSince = nil
-        flight?.expiresOnArrival = true
+        mutateFlight { $0.expiresOnArrival = true }
         bump()
     }
 
@@ -318,10 +321,11 @@ struct FetchStateMachine<Value: Sendable> {
         let id = bump()
         let policy = policy ?? retryPolicy
         let phaseBefore = flight?.phaseBefore ?? phase
-        flight = Flight(
-            id: id, waiters: waiters, phaseBefore: phaseBefore, expiresOnArrival: false, policy: policy,
-            startedAt: now, failures: 0, keepAlive: keepAlive,
-            random: SplitMix64(seed: policy.seed ?? seeds.next()))
+        setFlight(
+            Flight(
+                id: id, waiters: waiters, phaseBefore: phaseBefore, expiresOnArrival: false, policy: policy,
+                startedAt: now, failures: 0, keepAlive: keepAlive,
+                random: SplitMix64(seed: policy.seed ?? seeds.next())))
         phase = .loading
         hasOperation = true
         failureCount = 0
@@ -340,8 +344,25 @@ struct FetchStateMachine<Value: Sendable> {
     private mutating func endFlight() -> EndedFlight {
         bump()
         guard let current = flight else { return .none }
-        flight = nil
+        setFlight(nil)
         return .cancel(id: current.id, waiters: current.waiters)
+    }
+
+    private mutating func setFlight(_ newFlight: Flight?) {
+        flightBox = newFlight.map(FlightBox.init)
+    }
+
+    /// Mutates the flight in place (copying its box first if another machine shares it).
+    private mutating func mutateFlight(_ body: (inout Flight) -> Void) {
+        guard flightBox != nil else { return }
+        if !isKnownUniquelyReferenced(&flightBox!) { flightBox = FlightBox(flightBox!.flight) }
+        body(&flightBox!.flight)
+    }
+
+    /// The box of ``flightBox``.
+    private final class FlightBox {
+        var flight: Flight
+        init(_ flight: Flight) { self.flight = flight }
     }
 
     @discardableResult

@@ -6,37 +6,22 @@ import Musl
 import Darwin
 #endif
 
-/// The one lock of this package: a value guarded by a `pthread_mutex_t`.
+/// The one lock of this package: a value guarded by a `pthread_mutex_t`, both in one allocation.
 ///
 /// Not `Synchronization.Mutex`: on Linux ThreadSanitizer cannot see `Mutex` (it locks with raw futex
 /// calls) and reports every access made under it as a race, which would make
 /// `swift test --sanitize=thread` useless. A pthread mutex is seen by TSan and costs about the same
 /// uncontended. Every module of the package uses this type (it is `package`, not `public`).
 @usableFromInline
-package final class LockedValue<Value>: @unchecked Sendable {
-    // @unchecked Sendable is sound: `value` is only read or written inside `withLock`, which holds
-    // `mutex` for the whole access, so no two threads ever touch it at once. `Value` need not be
+package struct LockedValue<Value>: @unchecked Sendable {
+    // @unchecked Sendable is sound: the value is only read or written inside `withLock`, which holds
+    // the mutex for the whole access, so no two threads ever touch it at once. `Value` need not be
     // Sendable for the same reason (it never escapes the lock except by copy the caller returns).
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    /// The guarded value, behind a pointer: the lock already excludes other accesses, and a stored
-    /// `var` of a class would pay a dynamic exclusivity check on every access.
-    @usableFromInline let value: UnsafeMutablePointer<Value>
+    @usableFromInline let storage: LockStorage<Value>
 
     /// Creates a lock guarding `initialValue`.
     package init(_ initialValue: Value) {
-        value = .allocate(capacity: 1)
-        value.initialize(to: initialValue)
-        mutex = .allocate(capacity: 1)
-        mutex.initialize(to: pthread_mutex_t())
-        let rc = pthread_mutex_init(mutex, nil)
-        precondition(rc == 0, "pthread_mutex_init failed: \(rc)")
-    }
-
-    deinit {
-        pthread_mutex_destroy(mutex)
-        mutex.deallocate()
-        value.deinitialize(count: 1)
-        value.deallocate()
+        storage = LockStorage.make(initialValue)
     }
 
     /// Runs `body` with exclusive access to the guarded value.
@@ -45,20 +30,46 @@ package final class LockedValue<Value>: @unchecked Sendable {
     /// return what must be resumed and resume it after the lock is released.
     @inlinable
     package func withLock<Result>(_ body: (inout Value) throws -> Result) rethrows -> Result {
-        lock()
-        defer { unlock() }
-        return try body(&value.pointee)
+        try storage.withUnsafeMutablePointers { value, mutex in
+            LockStorage<Value>.lock(mutex)
+            defer { LockStorage<Value>.unlock(mutex) }
+            return try body(&value.pointee)
+        }
+    }
+}
+
+/// The allocation behind a ``LockedValue``: the value as the header, the mutex as the elements (raw
+/// words, so that inlinable code need not name the C type).
+@usableFromInline
+package final class LockStorage<Value>: ManagedBuffer<Value, UInt64> {
+    static func make(_ value: Value) -> LockStorage<Value> {
+        let words = (MemoryLayout<pthread_mutex_t>.size + 7) / 8
+        let buffer = create(minimumCapacity: words) { _ in value }
+        let storage = buffer as! LockStorage<Value>  // as swift-nio does: unsafeDowncast miscompiled in 5.10
+        storage.withUnsafeMutablePointerToElements { words in
+            let mutex = UnsafeMutableRawPointer(words).bindMemory(to: pthread_mutex_t.self, capacity: 1)
+            let rc = pthread_mutex_init(mutex, nil)
+            precondition(rc == 0, "pthread_mutex_init failed: \(rc)")
+        }
+        return storage
     }
 
-    /// Takes the lock (out of line, so that inlinable callers need not see the C library).
-    @usableFromInline
-    package func lock() {
-        pthread_mutex_lock(mutex)
+    deinit {
+        // ManagedBuffer destroys the header (the value) itself; the elements are ours to destroy.
+        _ = withUnsafeMutablePointerToElements { words in
+            pthread_mutex_destroy(UnsafeMutableRawPointer(words).assumingMemoryBound(to: pthread_mutex_t.self))
+        }
     }
 
-    /// Releases the lock.
+    /// Takes the mutex (out of line, so that inlinable callers need not see the C library).
     @usableFromInline
-    package func unlock() {
-        pthread_mutex_unlock(mutex)
+    static func lock(_ words: UnsafeMutablePointer<UInt64>) {
+        pthread_mutex_lock(UnsafeMutableRawPointer(words).assumingMemoryBound(to: pthread_mutex_t.self))
+    }
+
+    /// Releases the mutex.
+    @usableFromInline
+    static func unlock(_ words: UnsafeMutablePointer<UInt64>) {
+        pthread_mutex_unlock(UnsafeMutableRawPointer(words).assumingMemoryBound(to: pthread_mutex_t.self))
     }
 }

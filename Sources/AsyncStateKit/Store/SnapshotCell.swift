@@ -14,6 +14,8 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         var subscribers: [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation] = [:]
         /// The next subscriber id.
         var nextSubscriber: UInt64 = 0
+        /// The callers waiting for a flight (managed by ``WaiterTable``).
+        var waiterSlots: [UInt64: WaiterSlot<Value>] = [:]
     }
 
     /// How long data stays fresh (zero or less: never).
@@ -97,6 +99,11 @@ final class SnapshotCell<Value: Sendable>: Sendable {
             contents.subscribers[contents.nextSubscriber] = continuation
         }
         return stream
+    }
+
+    /// Runs `body` on the waiter slots, under the lock (for ``WaiterTable``).
+    func withWaiterSlots<Result>(_ body: (inout [UInt64: WaiterSlot<Value>]) -> Result) -> Result {
+        contents.withLock { body(&$0.waiterSlots) }
     }
 
     /// The number of live subscribers (ended ones are counted until the next publication).

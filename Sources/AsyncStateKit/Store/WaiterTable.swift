@@ -7,30 +7,31 @@
 /// the waiting task's own executor. It also lets a cancelled caller leave at once, without a hop.
 ///
 /// Each waiter goes `pending` (the actor handed out its id) → `waiting` (its continuation is
-/// registered) → gone (resumed). A result or a cancellation that arrives while it is still `pending`
+/// registered) → gone (resumed). A continuation leaves the table, under the lock, before it is
+/// resumed, and only a `waiting` slot holds one: so each is resumed exactly once, which is why an
+/// `UnsafeContinuation` (no allocation, no canary) is sound here. A result or a cancellation that arrives while it is still `pending`
 /// is kept as `resolved` and delivered on registration, so nothing is lost to the order of events.
-final class WaiterTable<Value: Sendable>: Sendable {
+///
+/// The slots live under the ``SnapshotCell``'s lock (one lock and allocation per state instead of
+/// two); this type is the view that manages them.
+struct WaiterTable<Value: Sendable>: Sendable {
     typealias ID = UInt64
+    typealias Slot = WaiterSlot<Value>
 
-    private enum Slot {
-        case pending
-        case waiting(CheckedContinuation<Value, any Error>)
-        case resolved(Result<Value, any Error>)
-    }
-
-    private let slots = LockedValue<[ID: Slot]>([:])
+    /// Where the slots are kept.
+    let cell: SnapshotCell<Value>
 
     /// Announces waiter `id`; called by the actor when it hands the id out.
     func add(_ id: ID) {
-        slots.withLock { $0[id] = .pending }
+        cell.withWaiterSlots { $0[id] = .pending }
     }
 
     /// Suspends until waiter `id` is resumed. If the task is cancelled, it stops waiting at once with
     /// `CancellationError` and `onCancel` tells the store (which may cancel the flight).
     func wait(_ id: ID, onCancel: @Sendable () -> Void) async throws -> Value {
         try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { continuation in
-                let early = slots.withLock { slots -> Result<Value, any Error>? in
+            try await withUnsafeThrowingContinuation { continuation in
+                let early = cell.withWaiterSlots { slots -> Result<Value, any Error>? in
                     if case .resolved(let result) = slots[id] {
                         slots[id] = nil
                         return result
@@ -49,7 +50,7 @@ final class WaiterTable<Value: Sendable>: Sendable {
     /// Resumes waiter `id` with `result` (outside the lock), or keeps the result for it if it has not
     /// registered yet. A waiter that was already resumed is left alone: its first outcome stands.
     func resume(_ id: ID, with result: Result<Value, any Error>) {
-        let continuation = slots.withLock { slots -> CheckedContinuation<Value, any Error>? in
+        let continuation = cell.withWaiterSlots { slots -> UnsafeContinuation<Value, any Error>? in
             switch slots[id] {
             case .pending:
                 slots[id] = .resolved(result)
@@ -65,5 +66,15 @@ final class WaiterTable<Value: Sendable>: Sendable {
     }
 
     /// The number of waiters not yet resumed-and-gone (for tests).
-    var count: Int { slots.withLock { $0.count } }
+    var count: Int { cell.withWaiterSlots { $0.count } }
+}
+
+/// Where one waiting caller stands (see ``WaiterTable``).
+enum WaiterSlot<Value: Sendable> {
+    /// Its id was handed out; its continuation is not registered yet.
+    case pending
+    /// It is suspended on this continuation.
+    case waiting(UnsafeContinuation<Value, any Error>)
+    /// Its outcome arrived before it registered.
+    case resolved(Result<Value, any Error>)
 }
