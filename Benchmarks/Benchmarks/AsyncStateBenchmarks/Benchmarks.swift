@@ -1,0 +1,255 @@
+// Each benchmark of the library is paired with a baseline measured in the same run; the README's
+// table reports their ratio. Run: swift package --package-path Benchmarks benchmark
+//
+// Names have no spaces: package-benchmark 1.38.1 writes threshold files with spaces replaced by
+// underscores but reads them by the raw name, so a name with spaces never finds its thresholds.
+@_spi(Benchmarks) import AsyncStateKit
+import AsyncStateTesting
+import Benchmark
+import Clocks
+import Foundation
+import Synchronization
+
+// MARK: Baselines
+
+/// The smallest actor: one call is one hop.
+actor TrivialActor {
+    var value = 1
+    func get() -> Int { value }
+}
+
+/// The cache most Swift developers write: an actor holding a task per key and when it finished.
+actor HandWrittenCache<Value: Sendable> {
+    private struct Entry {
+        var task: Task<Value, any Error>
+        var fetchedAt: ContinuousClock.Instant?
+    }
+
+    private var entries: [String: Entry] = [:]
+    private let clock = ContinuousClock()
+    private let expiry: Duration
+
+    init(expiry: Duration) {
+        self.expiry = expiry
+    }
+
+    func value(for key: String, _ load: @escaping @Sendable () async throws -> Value) async throws -> Value {
+        if let entry = entries[key] {
+            guard let fetchedAt = entry.fetchedAt else { return try await entry.task.value }  // in flight
+            if fetchedAt.duration(to: clock.now) < expiry { return try await entry.task.value }
+        }
+        let task = Task { try await load() }
+        entries[key] = Entry(task: task, fetchedAt: nil)
+        do {
+            let value = try await task.value
+            entries[key]?.fetchedAt = clock.now
+            return value
+        } catch {
+            entries[key] = nil
+            throw error
+        }
+    }
+}
+
+/// A counter tasks can share.
+final class Counter: Sendable {
+    private let atomic = Atomic<Int>(0)
+    func increment() { atomic.add(1, ordering: .relaxed) }
+    var value: Int { atomic.load(ordering: .relaxed) }
+}
+
+/// A non-capturing operation: calling it allocates nothing.
+@Sendable func loadNumber() async throws -> Int { 42 }
+
+var nanosecondScale: Benchmark.Configuration {
+    .init(
+        metrics: [.wallClock, .cpuTotal, .throughput, .mallocCountTotal], scalingFactor: .kilo,
+        maxDuration: .seconds(2), maxIterations: 100_000,
+        thresholds: [.mallocCountTotal: .init(absolute: [.p90: 0])])
+}
+
+var concurrencyScale: Benchmark.Configuration {
+    .init(
+        metrics: [.wallClock, .cpuTotal, .mallocCountTotal], scalingFactor: .one,
+        maxDuration: .seconds(3), maxIterations: 30,
+        thresholds: [.mallocCountTotal: .init(relative: [.p90: 5])])
+}
+
+let benchmarks: @Sendable () -> Void = {
+    // MARK: Synchronous reads vs one uncontended lock
+
+    Benchmark("Read:Mutex-lock-unlock(baseline)", configuration: nanosecondScale) { benchmark in
+        let mutex = Mutex(0)
+        benchmark.startMeasurement()
+        for _ in benchmark.scaledIterations {
+            blackHole(
+                mutex.withLock {
+                    $0 &+= 1
+                    return $0
+                })
+        }
+    }
+
+    Benchmark("Read:wrappedValue", configuration: nanosecondScale) { benchmark in
+        let state = AsyncState<Int>(wrappedValue: 7)
+        benchmark.startMeasurement()
+        for _ in benchmark.scaledIterations { blackHole(state.wrappedValue) }
+    }
+
+    Benchmark("Read:phase", configuration: nanosecondScale) { benchmark in
+        let state = AsyncState<Int>(wrappedValue: 7)
+        await state.set(8)
+        benchmark.startMeasurement()
+        for _ in benchmark.scaledIterations { blackHole(state.phase) }
+    }
+
+    // MARK: A fresh hit vs an actor call and a hand-written cache
+
+    Benchmark("Hit:trivial-actor-call(baseline)", configuration: nanosecondScale) { benchmark in
+        let actor = TrivialActor()
+        benchmark.startMeasurement()
+        for _ in benchmark.scaledIterations { blackHole(await actor.get()) }
+    }
+
+    Benchmark("Hit:hand-written-actor-cache(baseline)", configuration: nanosecondScale) { benchmark in
+        let cache = HandWrittenCache<Int>(expiry: .seconds(3_600))
+        _ = try await cache.value(for: "k", loadNumber)
+        benchmark.startMeasurement()
+        for _ in benchmark.scaledIterations { blackHole(try await cache.value(for: "k", loadNumber)) }
+    }
+
+    Benchmark("Hit:value(_:)-fresh", configuration: nanosecondScale) { benchmark in
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(3_600))
+        _ = try await state.value(loadNumber)
+        benchmark.startMeasurement()
+        for _ in benchmark.scaledIterations { blackHole(try await state.value(loadNumber)) }
+    }
+
+    Benchmark("Hit:fetch(_:)-fresh", configuration: nanosecondScale) { benchmark in
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(3_600))
+        await state.fetch(loadNumber)
+        benchmark.startMeasurement()
+        for _ in benchmark.scaledIterations {
+            await state.fetch(loadNumber)
+            blackHole(state)
+        }
+    }
+
+    // MARK: A cold state hit by 10,000 callers vs 10,000 tasks calling an actor
+
+    Benchmark("Cold:10000-tasks-calling-an-actor(baseline)", configuration: concurrencyScale) { benchmark in
+        for _ in benchmark.scaledIterations {
+            let actor = TrivialActor()
+            let total = await withTaskGroup(of: Int.self) { group in
+                for _ in 0..<10_000 { group.addTask { await actor.get() } }
+                return await group.reduce(0, +)
+            }
+            blackHole(total)
+        }
+    }
+
+    Benchmark("Cold:10000-concurrent-value(_:)", configuration: concurrencyScale) { benchmark in
+        for _ in benchmark.scaledIterations {
+            let state = AsyncState<Int>(wrappedValue: 0)
+            let runs = Counter()
+            let load: @Sendable () async throws -> Int = {
+                runs.increment()
+                await Task.yield()
+                return 42
+            }
+            let total = await withTaskGroup(of: Int.self) { group in
+                for _ in 0..<10_000 { group.addTask { (try? await state.value(load)) ?? 0 } }
+                return await group.reduce(0, +)
+            }
+            blackHole(total)
+            let count = runs.value
+            if count != 1 || total != 420_000 { benchmark.error("\(count) operation runs, total \(total)") }
+        }
+    }
+
+    // MARK: The state machine alone
+
+    Benchmark(
+        "Machine:4-transitions(fetch,settle,set,invalidate)",
+        configuration: .init(
+            metrics: [.wallClock, .throughput, .mallocCountTotal], scalingFactor: .kilo, maxDuration: .seconds(2),
+            thresholds: [.mallocCountTotal: .init(absolute: [.p90: 0])])
+    ) { benchmark in
+        var machine = FetchStateMachineBenchmark()
+        benchmark.startMeasurement()
+        for _ in benchmark.scaledIterations { blackHole(machine.cycle()) }
+    }
+
+    // MARK: Waking N sleepers: VirtualClock vs swift-clocks' TestClock
+
+    for count in [100, 1_000, 10_000] {
+        Benchmark(
+            "Clock:VirtualClock-wakes-\(count)",
+            configuration: .init(
+                metrics: [.wallClock, .mallocCountTotal], maxDuration: .seconds(3), maxIterations: 20,
+                thresholds: [.mallocCountTotal: .init(relative: [.p90: 5])])
+        ) { benchmark in
+            let clock = VirtualClock()
+            let woken = Counter()
+            for _ in 0..<count {
+                clock.task {
+                    try await clock.sleep(for: .seconds(1))
+                    woken.increment()
+                }
+            }
+            await clock.waitForSleepers(count)
+            benchmark.startMeasurement()
+            await clock.advance(by: .seconds(1))
+            benchmark.stopMeasurement()
+            if woken.value != count { benchmark.error("woke \(woken.value)") }
+        }
+    }
+
+    // TestClock re-sorts its sleepers on every wake; at 10,000 one advance would take minutes, so it is
+    // measured at 100 and 1,000 only.
+    for count in [100, 1_000] {
+        Benchmark(
+            "Clock:TestClock-wakes-\(count)(baseline)",
+            configuration: .init(metrics: [.wallClock], maxDuration: .seconds(5), maxIterations: count > 100 ? 3 : 20)
+        ) { benchmark in
+            let clock = TestClock()
+            let woken = Counter()
+            let tasks = (0..<count).map { _ in
+                Task {
+                    try await clock.sleep(for: .seconds(1))
+                    woken.increment()
+                }
+            }
+            // TestClock cannot tell how many sleepers it holds: give the tasks real time to register.
+            try await Task.sleep(for: .milliseconds(100))
+            benchmark.startMeasurement()
+            await clock.advance(by: .seconds(1))
+            benchmark.stopMeasurement()
+            for task in tasks { _ = await task.result }
+            if woken.value != count { benchmark.error("woke \(woken.value)") }
+        }
+    }
+
+    // MARK: Memory per idle state
+
+    // Bytes requested from malloc and still held, per fetched-then-idle state (deterministic). The
+    // resident-set growth per state is measured in a fresh process by the MemoryPerState tool:
+    // `swift run --package-path Benchmarks -c release MemoryPerState`.
+    Benchmark(
+        "Memory:heap-bytes-held-per-idle-state",
+        configuration: .init(
+            metrics: [.memoryLeakedBytes, .mallocCountTotal], scalingFactor: .kilo, maxIterations: 20,
+            thresholds: [.memoryLeakedBytes: .init(relative: [.p90: 2]), .mallocCountTotal: .init(relative: [.p90: 2])])
+    ) { benchmark in
+        var states: [AsyncState<Int>] = []
+        states.reserveCapacity(benchmark.scaledIterations.count)
+        benchmark.startMeasurement()
+        for index in benchmark.scaledIterations {
+            let state = AsyncState<Int>(wrappedValue: index)
+            await state.set(index)  // fetched once, then idle
+            states.append(state)
+        }
+        benchmark.stopMeasurement()
+        blackHole(states)
+    }
+}
