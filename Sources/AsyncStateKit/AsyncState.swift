@@ -102,10 +102,8 @@ public struct AsyncState<Value: Sendable>: Sendable {
         isEmpty: (@Sendable (Value) -> Bool)? = nil
     ) {
         self.init(
-            wrappedValue, clock,
-            StoreConfiguration(
-                expiry: expiry, isEmpty: isEmpty ?? { _ in false }, retry: retry, timeout: timeout,
-                staleWhileRevalidate: staleWhileRevalidate, refreshInterval: refreshInterval))
+            wrappedValue, expiry, clock, retry, timeout, staleWhileRevalidate, refreshInterval,
+            isEmpty: isEmpty ?? { _ in false })
     }
 
     /// Creates a state holding a collection; an empty collection is ``AsyncPhase/empty``.
@@ -123,10 +121,8 @@ public struct AsyncState<Value: Sendable>: Sendable {
         isEmpty: (@Sendable (Value) -> Bool)? = nil
     ) where Value: Collection {
         self.init(
-            wrappedValue, clock,
-            StoreConfiguration(
-                expiry: expiry, isEmpty: isEmpty ?? { $0.isEmpty }, retry: retry, timeout: timeout,
-                staleWhileRevalidate: staleWhileRevalidate, refreshInterval: refreshInterval))
+            wrappedValue, expiry, clock, retry, timeout, staleWhileRevalidate, refreshInterval,
+            isEmpty: isEmpty ?? { $0.isEmpty })
     }
 
     /// Creates a state holding an optional; `nil` is ``AsyncPhase/empty``.
@@ -144,13 +140,19 @@ public struct AsyncState<Value: Sendable>: Sendable {
         isEmpty: (@Sendable (Value) -> Bool)? = nil
     ) where Value == Wrapped? {
         self.init(
-            wrappedValue, clock,
-            StoreConfiguration(
-                expiry: expiry, isEmpty: isEmpty ?? { $0 == nil }, retry: retry, timeout: timeout,
-                staleWhileRevalidate: staleWhileRevalidate, refreshInterval: refreshInterval))
+            wrappedValue, expiry, clock, retry, timeout, staleWhileRevalidate, refreshInterval,
+            isEmpty: isEmpty ?? { $0 == nil })
     }
 
-    private init(_ initialValue: Value, _ clock: some Clock<Duration>, _ configuration: StoreConfiguration<Value>) {
+    /// What the three public initializers share; they differ only in the default emptiness test.
+    private init(
+        _ initialValue: Value, _ expiry: Duration, _ clock: some Clock<Duration>, _ retry: RetryPolicy,
+        _ timeout: Duration?, _ staleWhileRevalidate: Bool, _ refreshInterval: Duration?,
+        isEmpty: @escaping @Sendable (Value) -> Bool
+    ) {
+        let configuration = StoreConfiguration(
+            expiry: expiry, isEmpty: isEmpty, retry: retry, timeout: timeout,
+            staleWhileRevalidate: staleWhileRevalidate, refreshInterval: refreshInterval)
         store = AsyncStateStore(
             initialValue: initialValue, configuration: configuration, clock: StoreClock(clock),
             serialExecutor: clock.settlingSerialExecutor)

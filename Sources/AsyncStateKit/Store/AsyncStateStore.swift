@@ -148,21 +148,22 @@ actor AsyncStateStore<Value: Sendable> {
     private func requestRetry() throws -> Machine.WaiterID? {
         if isReentrant { throw AsyncStateError.reentrantCall }
         try Task.checkCancellation()
-        guard let operation = lastOperation else { return nil }
-        let waiter = makeWaiter()
-        let now = clock.now()
-        guard case .start(let id) = machine.retry(waiter: waiter, now: now) else { return nil }
-        start(id, operation, at: now)
-        waiters.add(waiter)
-        return waiter
+        return rerunLastOperation { $0.retry(waiter: $1, now: $2) }
     }
 
     /// Starts a periodic background refresh and returns its waiter, or `nil` when one is not due.
     private func requestPeriodicRefresh() -> Machine.WaiterID? {
+        rerunLastOperation { $0.periodicRefresh(waiter: $1, now: $2) }
+    }
+
+    /// Re-runs the last operation as a new flight if `event` says so; returns the waiter to wait on.
+    private func rerunLastOperation(
+        _ event: (inout Machine, Machine.WaiterID, Duration) -> Machine.StartAction
+    ) -> Machine.WaiterID? {
         guard let operation = lastOperation else { return nil }
         let waiter = makeWaiter()
         let now = clock.now()
-        guard case .start(let id) = machine.periodicRefresh(waiter: waiter, now: now) else { return nil }
+        guard case .start(let id) = event(&machine, waiter, now) else { return nil }
         start(id, operation, at: now)
         waiters.add(waiter)
         return waiter
