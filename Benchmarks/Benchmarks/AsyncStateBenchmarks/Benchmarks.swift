@@ -72,7 +72,7 @@ var concurrencyScale: Benchmark.Configuration {
     .init(
         metrics: [.wallClock, .cpuTotal, .mallocCountTotal], scalingFactor: .one,
         maxDuration: .seconds(3), maxIterations: 30,
-        thresholds: [.mallocCountTotal: .init(relative: [.p90: 5])])
+        thresholds: [.mallocCountTotal: .init(relative: [.p90: 10])])
 }
 
 let benchmarks: @Sendable () -> Void = {
@@ -187,7 +187,9 @@ let benchmarks: @Sendable () -> Void = {
             "Clock:VirtualClock-wakes-\(count)",
             configuration: .init(
                 metrics: [.wallClock, .mallocCountTotal], maxDuration: .seconds(3), maxIterations: 20,
-                thresholds: [.mallocCountTotal: .init(relative: [.p90: 5])])
+                // Dispatch's per-thread caches make this count vary (309 to 407 for 100 sleepers):
+                // a loose bound, which an extra allocation per wake (+100%) still breaks.
+                thresholds: [.mallocCountTotal: .init(relative: [.p90: 50])])
         ) { benchmark in
             let clock = VirtualClock()
             let woken = Counter()
