@@ -80,17 +80,16 @@ final class VirtualClockCore: Sendable {
         /// Removes the soonest live sleeper due at or before `target` and moves `now` to its deadline
         /// (never backwards); `nil` when none is due.
         mutating func popDue(upTo target: Duration) -> CheckedContinuation<Void, any Error>? {
-            while let top = heap.min {
-                guard sleepers[top.id] != nil else {
-                    heap.popMin()
-                    continue
-                }
-                guard top.deadline <= target else { return nil }
-                heap.popMin()
-                now = max(now, top.deadline)
-                return sleepers.removeValue(forKey: top.id)
-            }
-            return nil
+            guard let top = liveTop(), top.deadline <= target else { return nil }
+            heap.popMin()
+            now = max(now, top.deadline)
+            return sleepers.removeValue(forKey: top.id)
+        }
+
+        /// The soonest live sleeper's key, after dropping the cancelled ones above it.
+        mutating func liveTop() -> SleeperHeap.Key? {
+            while let top = heap.min, sleepers[top.id] == nil { heap.popMin() }
+            return heap.min
         }
 
         /// Takes the waiters of `waitForSleepers` whose count is now reached.
@@ -287,10 +286,7 @@ final class VirtualClockCore: Sendable {
 
     /// The deadline of the soonest live sleeper.
     var nextDeadline: Duration? {
-        state.withLock { state in
-            while let top = state.heap.min, state.sleepers[top.id] == nil { state.heap.popMin() }
-            return state.heap.min?.deadline
-        }
+        state.withLock { $0.liveTop()?.deadline }
     }
 
     // MARK: Waiting for sleepers, with a watchdog

@@ -171,8 +171,7 @@ struct FetchStateMachine<Value: Sendable> {
     /// Whether the data is fresh at `now`: it arrived less than ``expiry`` ago and was not invalidated.
     /// `initial` and `failure` are never fresh.
     func isFresh(at now: Duration) -> Bool {
-        guard let freshSince else { return false }
-        return now - freshSince < expiry
+        isWithinExpiry(since: freshSince, at: now, expiry: expiry)
     }
 
     // MARK: Events

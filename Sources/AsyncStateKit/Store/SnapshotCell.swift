@@ -44,31 +44,19 @@ final class SnapshotCell<Value: Sendable>: Sendable {
 
     /// The current snapshot, expired or not at `now`.
     func snapshot(at now: Duration) -> AsyncSnapshot<Value> {
-        contents.withLock { contents in
-            var snapshot = contents.snapshot
-            snapshot.isExpired = !isFresh(contents.freshSince, at: now)
-            return snapshot
-        }
+        contents.withLock { $0.snapshot(at: now, expiry: expiry) }
     }
 
     /// The value if the data is fresh at `now`, else `nil`: the hit path of `value` and `fetch`.
     @inlinable func freshValue(at now: Duration) -> Value? {
         contents.withLock { contents in
-            isFresh(contents.freshSince, at: now) ? contents.snapshot.value : nil
+            isWithinExpiry(since: contents.freshSince, at: now, expiry: expiry) ? contents.snapshot.value : nil
         }
-    }
-
-    @inlinable func isFresh(_ freshSince: Duration?, at now: Duration) -> Bool {
-        guard let freshSince else { return false }
-        return now - freshSince < expiry
     }
 
     /// Whether the data is older than `interval` at `now`, or was never fresh, or was invalidated.
     func hasExpired(in interval: Duration, at now: Duration) -> Bool {
-        contents.withLock { contents in
-            guard let since = contents.freshSince else { return true }
-            return now - since >= interval
-        }
+        contents.withLock { !isWithinExpiry(since: $0.freshSince, at: now, expiry: interval) }
     }
 
     /// Publishes a transition: stores it and sends it to every subscriber.
@@ -92,9 +80,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         let (stream, continuation) = AsyncStream.makeStream(
             of: AsyncSnapshot<Value>.self, bufferingPolicy: .bufferingNewest(Self.subscriberBuffer))
         contents.withLock { contents in
-            var current = contents.snapshot
-            current.isExpired = !isFresh(contents.freshSince, at: now)
-            continuation.yield(current)
+            continuation.yield(contents.snapshot(at: now, expiry: expiry))
             contents.nextSubscriber &+= 1
             contents.subscribers[contents.nextSubscriber] = continuation
         }
@@ -105,7 +91,22 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     func withWaiterSlots<Result>(_ body: (inout [UInt64: WaiterSlot<Value>]) -> Result) -> Result {
         contents.withLock { body(&$0.waiterSlots) }
     }
+}
 
-    /// The number of live subscribers (ended ones are counted until the next publication).
-    var subscriberCount: Int { contents.withLock { $0.subscribers.count } }
+extension SnapshotCell.Contents {
+    /// The latest snapshot, its `isExpired` as of `now`.
+    func snapshot(at now: Duration, expiry: Duration) -> AsyncSnapshot<Value> {
+        var current = snapshot
+        current.isExpired = !isWithinExpiry(since: freshSince, at: now, expiry: expiry)
+        return current
+    }
+}
+
+/// Whether data that arrived fresh at `freshSince` is still fresh at `now`: less than `expiry` old.
+/// `nil` (never fetched, failed, invalidated) is never fresh; an `expiry` of zero or less, never
+/// either. The one freshness test of the package: the machine, the hit path and `hasExpired(in:)`.
+@inlinable
+func isWithinExpiry(since freshSince: Duration?, at now: Duration, expiry: Duration) -> Bool {
+    guard let freshSince else { return false }
+    return now - freshSince < expiry
 }
