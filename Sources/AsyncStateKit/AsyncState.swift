@@ -37,20 +37,20 @@
 ///   for the expiry like success.
 /// - **Expiry** is measured on the injected clock's monotonic instants, lazily (nothing runs when data
 ///   expires): data is fresh for less than `expiry` after it arrived. Initial and failure are always
-///   expired. An `expiry` of zero or less means data is never fresh: every ``fetch(_:)`` runs the
+///   expired. An `expiry` of zero or less means data is never fresh: every ``fetch(retry:_:)`` runs the
 ///   operation (still one at a time).
-/// - **Single flight.** Concurrent ``fetch(_:)`` and ``value(_:)`` calls join the flight in flight:
+/// - **Single flight.** Concurrent ``fetch(retry:_:)`` and ``value(retry:_:)`` calls join the flight in flight:
 ///   one operation runs and every caller gets its outcome. A joining caller's operation is not run.
-///   ``refresh(_:)`` replaces the flight in flight; the older result is discarded.
+///   ``refresh(retry:_:)`` replaces the flight in flight; the older result is discarded.
 /// - **Newest write wins.** A result of a flight that was replaced, cancelled, or overtaken by
 ///   ``set(_:)`` or ``reset()`` never lands.
 /// - **Cancellation is never a failure.** A caller whose task is cancelled stops waiting at once; the
 ///   operation goes on while other callers wait, and is cancelled when the last one leaves.
 ///   ``cancel()`` cancels it outright. Either way the phase goes back to what it was, the value
 ///   untouched. An operation that throws `CancellationError` by itself counts as cancelled too.
-/// - **Reentrancy.** An operation that calls ``value(_:)`` on its own state (directly or through other
-///   states) would wait for itself: the call throws ``AsyncStateError/reentrantCall``; ``fetch(_:)``,
-///   ``refresh(_:)`` and ``retry()`` return at once without doing anything.
+/// - **Reentrancy.** An operation that calls ``value(retry:_:)`` on its own state (directly or through other
+///   states) would wait for itself: the call throws ``AsyncStateError/reentrantCall``; ``fetch(retry:_:)``,
+///   ``refresh(retry:_:)`` and ``retry()`` return at once without doing anything.
 /// - **Lifetime.** The operation's task keeps the state alive until it ends; once the last copy of the
 ///   wrapper is gone and no operation runs, everything is freed and ``updates`` streams finish.
 ///
@@ -108,7 +108,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
 
     /// Creates a state holding a collection; an empty collection is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:staleWhileRevalidate:refreshInterval:isEmpty:)-5ia1u``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:staleWhileRevalidate:refreshInterval:isEmpty:)-31ovu``;
     /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
     public init(
         wrappedValue: Value,
@@ -127,7 +127,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
 
     /// Creates a state holding an optional; `nil` is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:staleWhileRevalidate:refreshInterval:isEmpty:)-5ia1u``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:staleWhileRevalidate:refreshInterval:isEmpty:)-31ovu``;
     /// `isEmpty` overrides `== nil` as the emptiness test.
     public init<Wrapped: Sendable>(
         wrappedValue: Value,
@@ -255,7 +255,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         try? await store.retry()
     }
 
-    /// Marks the data expired: the next ``fetch(_:)`` goes to the source. A fetch in flight still
+    /// Marks the data expired: the next ``fetch(retry:_:)`` goes to the source. A fetch in flight still
     /// completes, but its result lands already expired.
     public nonisolated(nonsending) func invalidate() async {
         _ = try? await store.enter { $0.invalidate() }

@@ -156,10 +156,10 @@ public final class VirtualClock: Clock, SettlingClock, DatedClock, Sendable {
         startDate.addingTimeInterval(now.offset.timeInterval)
     }
 
-    /// The executor that makes tasks take part in settling (see ``SettlingClock``).
+    /// The executor that makes tasks take part in settling (see `SettlingClock` in AsyncStateKit).
     public var taskExecutor: any TaskExecutor { executor }
 
-    /// The serial executor that makes an actor's jobs take part in settling (see ``SettlingClock``).
+    /// The serial executor that makes an actor's jobs take part in settling (see `SettlingClock` in AsyncStateKit).
     public var serialExecutor: any SerialExecutor { actorExecutor }
 
     /// Suspends until virtual time reaches `deadline`.
@@ -246,7 +246,12 @@ public final class VirtualClock: Clock, SettlingClock, DatedClock, Sendable {
     /// Bounded: a timer that reschedules itself forever would keep this going, so after `maxWakes`
     /// wakes with sleepers still pending it reports a ``Stall`` and returns.
     ///
-    /// - Parameter maxWakes: How many sleepers it may wake before giving up. Defaults to 100,000.
+    /// - Parameters:
+    ///   - maxWakes: How many sleepers it may wake before giving up. Defaults to 100,000.
+    ///   - fileID: Where a ``Stall`` is reported; leave the default (the caller's location).
+    ///   - filePath: Where a ``Stall`` is reported; leave the default.
+    ///   - line: Where a ``Stall`` is reported; leave the default.
+    ///   - column: Where a ``Stall`` is reported; leave the default.
     public func runUntilIdle(
         maxWakes: Int = 100_000,
         fileID: String = #fileID, filePath: String = #filePath, line: Int = #line, column: Int = #column
