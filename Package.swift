@@ -20,6 +20,18 @@ let package = Package(
             dependencies: ["AsyncStateKit"],
             swiftSettings: swiftSettings
         ),
+        // The demo: a small Linux service (`swift run asyncstate-demo`). The scenario lives in a
+        // library target of its own so that a test can run it in virtual time.
+        .target(
+            name: "DemoService",
+            dependencies: ["AsyncStateKit", "AsyncStateTesting"],
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "asyncstate-demo",
+            dependencies: ["DemoService"],
+            swiftSettings: swiftSettings
+        ),
         .testTarget(
             name: "AsyncStateKitTests",
             dependencies: ["AsyncStateKit", "AsyncStateTesting"],
@@ -28,6 +40,11 @@ let package = Package(
         .testTarget(
             name: "AsyncStateTestingTests",
             dependencies: ["AsyncStateTesting", "AsyncStateKit"],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "DemoServiceTests",
+            dependencies: ["DemoService", "AsyncStateTesting"],
             swiftSettings: swiftSettings
         ),
     ],
