@@ -1,5 +1,6 @@
 // swift-format-ignore-file
-// Verbatim from README.md; .ci/run checks that the README's block still matches this file.
+// Verbatim from Sources/AsyncStateKit/AsyncStateKit.docc/RetryCancellationAndSingleFlight.md;
+// .ci/doc-snippets checks that the article's block still matches this file.
 import AsyncStateKit
 
 struct Quote: Sendable { var symbol: String; var price: Double }

@@ -1,5 +1,6 @@
 // swift-format-ignore-file
-// Verbatim from README.md; .ci/run checks that the README's block still matches this file.
+// Verbatim from README.md and Sources/AsyncStateKit/AsyncStateKit.docc/GettingStarted.md; .ci/doc-snippets
+// checks that their blocks still match this file.
 import AsyncStateKit
 
 struct Forecast: Sendable { var city: String; var celsius: Int }

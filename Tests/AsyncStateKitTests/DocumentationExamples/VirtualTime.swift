@@ -1,5 +1,6 @@
 // swift-format-ignore-file
-// Verbatim from README.md; .ci/run checks that the README's block still matches this file.
+// Verbatim from README.md and Sources/AsyncStateTesting/AsyncStateTesting.docc/TestingInVirtualTime.md;
+// .ci/doc-snippets checks that their blocks still match this file.
 import AsyncStateKit
 import AsyncStateTesting
 import Testing

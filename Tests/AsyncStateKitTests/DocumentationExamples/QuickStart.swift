@@ -1,5 +1,6 @@
 // swift-format-ignore-file
-// Verbatim from README.md; .ci/run checks that the README's block still matches this file.
+// Verbatim from Sources/AsyncStateKit/AsyncStateKit.docc/GettingStarted.md (whose first lines are README.md's
+// quick start); .ci/doc-snippets checks that both blocks still match this file.
 import AsyncStateKit
 
 struct Config: Sendable {
@@ -7,20 +8,19 @@ struct Config: Sendable {
     static let `default` = Config()
 }
 
-func loadConfig() async throws -> Config {
-    // Call your config service here.
-    Config(featureFlags: ["new-checkout": true])
-}
+func loadConfig() async throws -> Config { Config(featureFlags: ["new-checkout": true]) }  // your source
 
 struct ConfigService {
-    @AsyncState var config: Config = .default  // expires after 120 s unless you pass `expiry:`
+    @AsyncState var config: Config = .default  // fresh for 120 s unless you pass `expiry:`
 
     func current() async throws -> Config {
-        // Fifty concurrent callers: one load. The next two minutes: served from memory.
-        // A failure is thrown here and kept in `$config.phase`.
+        // Fifty concurrent callers: one load. Then served from memory until it expires.
+        // A failure is thrown here, kept in `$config.phase`, and `config` keeps the last good value.
         try await $config.value { try await loadConfig() }
     }
+}
 
+extension ConfigService {
     func describe() -> String {
         switch $config.phase {
         case .initial: "not loaded yet"

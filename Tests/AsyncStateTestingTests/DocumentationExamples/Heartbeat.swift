@@ -1,5 +1,6 @@
 // swift-format-ignore-file
-// The README's VirtualClock example, verbatim: if this stops compiling or passing, so does the README.
+// Verbatim from Sources/AsyncStateTesting/AsyncStateTesting.docc/TestingInVirtualTime.md;
+// .ci/doc-snippets checks that the article's block still matches this file.
 import AsyncStateTesting
 import Testing
 
