@@ -181,22 +181,29 @@ public struct Scenario: Sendable {
     ) async throws {
         for (version, at) in [(2, Duration.milliseconds(3200)), (3, .milliseconds(6200))] {
             try await clock.sleep(until: start.advanced(by: at), tolerance: nil)
-            try settingsFile.write(Settings(version: version, motd: version == 2 ? "hello again" : "goodbye"))
-            record("writer", "wrote settings.json v\(version)")
+            do {
+                try settingsFile.write(Settings(version: version, motd: version == 2 ? "hello again" : "goodbye"))
+                record("writer", "wrote settings.json v\(version)")
+            } catch {
+                record("writer", "could not write settings.json: \(error)")
+            }
         }
     }
 
-    /// The watcher: polls the file's bytes every 0.5 s and invalidates the settings when they change.
+    /// The watcher: polls the file's bytes every 0.5 s and invalidates the settings when they change
+    /// (a file that cannot be read counts as a change too: the next read will report why).
     private func watchSettings<C: Clock<Duration>>(
         clock: C, _ record: @Sendable (String, String) -> Void
     ) async throws {
-        var seen = try settingsFile.contents()
+        var seen = try? settingsFile.contents()
         while true {
             try await clock.sleep(for: .milliseconds(500))
-            let current = try settingsFile.contents()
+            let current = try? settingsFile.contents()
             guard current != seen else { continue }
             seen = current
-            record("watcher", "settings.json changed: invalidate")
+            record(
+                "watcher", current == nil ? "settings.json unreadable: invalidate" : "settings.json changed: invalidate"
+            )
             await monitor.settingsFileChanged()
         }
     }
