@@ -77,12 +77,13 @@ public enum DemoError: Error, Equatable, CustomStringConvertible {
 /// Reads the load averages: the real `/proc/loadavg`, or (in virtual time, where the timeline must
 /// be the same on every run) recorded lines in the same format, one per read.
 public final class LoadAverageSource: Sendable {
-    private let readLine: @Sendable () throws -> String
+    /// Returns the text of read number `index` (0-based).
+    private let readLine: @Sendable (_ index: Int) throws -> String
     private let reads = Mutex(0)
 
     /// The host's `/proc/loadavg`.
     public static func proc(path: String = "/proc/loadavg") -> LoadAverageSource {
-        LoadAverageSource {
+        LoadAverageSource { _ in
             guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
                 throw DemoError.unreadable(path)
             }
@@ -90,19 +91,15 @@ public final class LoadAverageSource: Sendable {
         }
     }
 
-    /// Recorded `/proc/loadavg` lines, returned in turn (the last one repeats).
+    /// Recorded `/proc/loadavg` lines, returned in turn (the last one repeats; none: every read fails).
     public static func recorded(_ lines: [String]) -> LoadAverageSource {
-        let next = Mutex(0)
-        return LoadAverageSource {
-            let index = next.withLock { index in
-                defer { index += 1 }
-                return min(index, lines.count - 1)
-            }
-            return lines[index]
+        LoadAverageSource { index in
+            guard let last = lines.indices.last else { throw DemoError.unreadable("recorded load averages") }
+            return lines[min(index, last)]
         }
     }
 
-    private init(readLine: @escaping @Sendable () throws -> String) {
+    private init(readLine: @escaping @Sendable (_ index: Int) throws -> String) {
         self.readLine = readLine
     }
 
@@ -111,8 +108,11 @@ public final class LoadAverageSource: Sendable {
 
     /// Reads and parses one line.
     public func read() throws -> LoadAverage {
-        reads.withLock { $0 += 1 }
-        return try LoadAverage(procLine: readLine())
+        let index = reads.withLock { count in
+            defer { count += 1 }
+            return count
+        }
+        return try LoadAverage(procLine: readLine(index))
     }
 }
 

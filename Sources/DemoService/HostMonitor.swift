@@ -58,10 +58,12 @@ public struct HostMonitor: Sendable {
 
     /// A one-line summary of what is loading, for a live progress line.
     public func loadingSummary() -> String? {
+        // One snapshot per state: each is a lock and a clock read.
+        let (load, settings, quote) = ($load.snapshot, $settings.snapshot, $quote.snapshot)
         let loading = [
-            ("load", $load.snapshot.phase, $load.snapshot.failureCount),
-            ("settings", $settings.snapshot.phase, $settings.snapshot.failureCount),
-            ("quote", $quote.snapshot.phase, $quote.snapshot.failureCount),
+            ("load", load.phase, load.failureCount),
+            ("settings", settings.phase, settings.failureCount),
+            ("quote", quote.phase, quote.failureCount),
         ]
         .filter { $0.1.isLoading }
         .map { name, _, failures in failures == 0 ? name : "\(name) (attempt \(failures + 1))" }

@@ -115,6 +115,10 @@ import Testing
     @Test func unreadableSourcesBecomeFailures() throws {
         let missing = LoadAverageSource.proc(path: "/nonexistent/loadavg")
         #expect(throws: DemoError.unreadable("/nonexistent/loadavg")) { try missing.read() }
+        #expect(throws: DemoError.unreadable("recorded load averages")) { try LoadAverageSource.recorded([]).read() }
+        let recorded = LoadAverageSource.recorded(["0.1 0.2 0.3 1/10 1", "0.4 0.5 0.6 2/20 2"])
+        #expect(try (0..<3).map { _ in try recorded.read().one } == [0.1, 0.4, 0.4])  // the last repeats
+        #expect(recorded.readCount == 3)
         let file = SettingsFile(url: URL(fileURLWithPath: "/nonexistent/settings.json"))
         #expect(throws: DemoError.unreadable("settings.json")) { try file.read() }
     }
