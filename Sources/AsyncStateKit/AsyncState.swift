@@ -50,9 +50,22 @@
 ///   untouched. An operation that throws `CancellationError` by itself counts as cancelled too.
 /// - **Reentrancy.** An operation that calls ``value(retry:_:)`` on its own state (directly or through other
 ///   states) would wait for itself: the call throws ``AsyncStateError/reentrantCall``; ``fetch(retry:_:)``,
-///   ``refresh(retry:_:)`` and ``retry()`` return at once without doing anything.
-/// - **Lifetime.** The operation's task keeps the state alive until it ends; once the last copy of the
-///   wrapper is gone and no operation runs, everything is freed and ``updates`` streams finish.
+///   ``refresh(retry:_:)`` and ``retry(_:)`` return at once without doing anything. A task the operation
+///   starts inherits that mark only while the operation runs: once it has returned, the task may use
+///   the state freely.
+/// - **Lifetime.** A state keeps an operation only while that operation's fetch is in flight (its
+///   attempts and retries); once the fetch settles, is cancelled or is replaced, the state forgets it.
+///   So an operation that captures its owner (`{ try await self.load() }`) never keeps the owner alive:
+///   when the owner's last reference goes and no fetch is in flight, the owner, the state, every task
+///   and timer are freed and ``updates`` streams finish. Work that re-runs an operation later takes it
+///   explicitly: ``retry(_:)``, and ``run(every:retry:_:)``, which a service's task group or
+///   `ServiceGroup` owns and ends by cancelling it.
+/// - **Timeouts bound the wait.** With `timeout:`, every caller is released at the deadline with
+///   ``AsyncStateError/timedOut(after:)`` even if the operation ignores cancellation; the operation is
+///   cancelled and its late result dropped. A retry may start while an abandoned operation still runs;
+///   at most ``AsyncStateLimits/abandonedOperations`` of them may pile up.
+/// - **Durations never trap.** Every duration is clamped to ``AsyncStateLimits/maximumDuration`` (100
+///   years) before it reaches a clock.
 ///
 /// ## Testing
 ///
@@ -75,20 +88,23 @@ public struct AsyncState<Value: Sendable>: Sendable {
     /// - Parameters:
     ///   - wrappedValue: The initial value (also what ``reset()`` goes back to).
     ///   - expiry: How long fetched data stays fresh. Defaults to 120 seconds; zero or less means
-    ///     never fresh.
-    ///   - clock: The clock expiry, retries, timeouts and periodic refreshes run on. Defaults to
+    ///     never fresh. Like every duration, clamped to ``AsyncStateLimits/maximumDuration``.
+    ///   - clock: The clock expiry, retries, timeouts and ``run(every:retry:_:)`` run on. Defaults to
     ///     `ContinuousClock()`; pass a `VirtualClock` in tests.
     ///   - retry: How failed fetches are retried (each call may override it). Defaults to
     ///     ``RetryPolicy/never``.
-    ///   - timeout: The longest one attempt may run before it is cancelled and fails with
-    ///     ``AsyncStateError/timedOut(after:)``. `nil` (the default), zero or negative: no timeout.
+    ///   - timeout: The longest one attempt may run. At the deadline its callers are released with
+    ///     ``AsyncStateError/timedOut(after:)`` (a failure, which the retry policy may retry), even if the
+    ///     operation ignores cancellation; the operation is cancelled and its late result dropped.
+    ///     `nil` (the default), zero or negative: no timeout.
+    ///   - failureExpiry: How long a failure is answered from memory (a negative cache): within it,
+    ///     ``value(retry:_:)`` throws the cached error and ``fetch(retry:_:)`` returns at once, without
+    ///     calling the source again. ``refresh(retry:_:)``, ``retry(_:)``, ``run(every:retry:_:)`` and
+    ///     ``invalidate()`` bypass or end it. Counted from when the failed fetch settled (after its
+    ///     retries). Defaults to zero: off, every request after a failure goes to the source.
     ///   - staleWhileRevalidate: When `true`, ``value(retry:_:)`` on expired data returns the stale value
-    ///     at once and refreshes it in the background. Defaults to `false`.
-    ///   - refreshInterval: When set, the last operation is re-run in the background every
-    ///     `refreshInterval`, counted from the end of the previous refresh (the first from the end of
-    ///     the first fetch), while the state lives and until ``cancel()`` or ``reset()`` (the next fetch
-    ///     to settle starts it again). A refresh due while a fetch is in flight is skipped, so
-    ///     refreshes never overlap. `nil` (the default), zero or negative: no periodic refresh.
+    ///     at once and refreshes it in the background (not while a failure is within `failureExpiry`).
+    ///     ``fetch(retry:_:)`` still waits for the fetch to settle. Defaults to `false`.
     ///   - isEmpty: Decides whether a fetched value is ``AsyncPhase/empty``. Without it, a value is
     ///     never empty (collections and optionals have their own initializers).
     public init(
@@ -97,18 +113,18 @@ public struct AsyncState<Value: Sendable>: Sendable {
         clock: some Clock<Duration> = ContinuousClock(),
         retry: RetryPolicy = .never,
         timeout: Duration? = nil,
+        failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
-        refreshInterval: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil
     ) {
         self.init(
-            wrappedValue, expiry, clock, retry, timeout, staleWhileRevalidate, refreshInterval,
+            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate,
             isEmpty: isEmpty ?? { _ in false })
     }
 
     /// Creates a state holding a collection; an empty collection is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:staleWhileRevalidate:refreshInterval:isEmpty:)-31ovu``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:isEmpty:)-31ovu``;
     /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
     public init(
         wrappedValue: Value,
@@ -116,18 +132,18 @@ public struct AsyncState<Value: Sendable>: Sendable {
         clock: some Clock<Duration> = ContinuousClock(),
         retry: RetryPolicy = .never,
         timeout: Duration? = nil,
+        failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
-        refreshInterval: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil
     ) where Value: Collection {
         self.init(
-            wrappedValue, expiry, clock, retry, timeout, staleWhileRevalidate, refreshInterval,
+            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate,
             isEmpty: isEmpty ?? { $0.isEmpty })
     }
 
     /// Creates a state holding an optional; `nil` is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:staleWhileRevalidate:refreshInterval:isEmpty:)-31ovu``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:isEmpty:)-31ovu``;
     /// `isEmpty` overrides `== nil` as the emptiness test.
     public init<Wrapped: Sendable>(
         wrappedValue: Value,
@@ -135,24 +151,24 @@ public struct AsyncState<Value: Sendable>: Sendable {
         clock: some Clock<Duration> = ContinuousClock(),
         retry: RetryPolicy = .never,
         timeout: Duration? = nil,
+        failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
-        refreshInterval: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil
     ) where Value == Wrapped? {
         self.init(
-            wrappedValue, expiry, clock, retry, timeout, staleWhileRevalidate, refreshInterval,
+            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate,
             isEmpty: isEmpty ?? { $0 == nil })
     }
 
     /// What the three public initializers share; they differ only in the default emptiness test.
     private init(
         _ initialValue: Value, _ expiry: Duration, _ clock: some Clock<Duration>, _ retry: RetryPolicy,
-        _ timeout: Duration?, _ staleWhileRevalidate: Bool, _ refreshInterval: Duration?,
+        _ timeout: Duration?, _ failureExpiry: Duration, _ staleWhileRevalidate: Bool,
         isEmpty: @escaping @Sendable (Value) -> Bool
     ) {
         let configuration = StoreConfiguration(
-            expiry: expiry, isEmpty: isEmpty, retry: retry, timeout: timeout,
-            staleWhileRevalidate: staleWhileRevalidate, refreshInterval: refreshInterval)
+            expiry: expiry, failureExpiry: failureExpiry, isEmpty: isEmpty, retry: retry, timeout: timeout,
+            staleWhileRevalidate: staleWhileRevalidate)
         store = AsyncStateStore(
             initialValue: initialValue, configuration: configuration, clock: StoreClock(clock),
             serialExecutor: clock.settlingSerialExecutor)
@@ -192,15 +208,17 @@ public struct AsyncState<Value: Sendable>: Sendable {
     /// Fetches unless the data is fresh, and returns once the fetch has settled.
     ///
     /// Joins a fetch in flight instead of starting another. Never throws: the outcome is in ``phase``
-    /// (a failure is ``AsyncPhase/failure(_:)``). Returns at once when the caller's task is cancelled.
+    /// (a failure is ``AsyncPhase/failure(_:)``). Returns at once when the caller's task is cancelled,
+    /// and while a failure is within the state's `failureExpiry`. Unlike ``value(retry:_:)``, it waits
+    /// for the fetch even with `staleWhileRevalidate`.
     ///
     /// - Parameters:
     ///   - retry: The retry policy for a fetch this call starts; `nil` for the state's.
-    ///   - operation: Fetches the value.
+    ///   - operation: Fetches the value. The state keeps it only while the fetch is in flight.
     @inlinable
     public nonisolated(nonsending) func fetch(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async {
         if store.cell.freshValue(at: store.clock.now()) != nil { return }
-        _ = try? await fetchFromStore(operation, retry: retry)
+        _ = try? await fetchFromStore(operation, retry: retry, servesStale: false)
     }
 
     /// Fetches even if the data is fresh, replacing a fetch in flight (whose result is discarded), and
@@ -220,13 +238,15 @@ public struct AsyncState<Value: Sendable>: Sendable {
     /// ```
     ///
     /// With `staleWhileRevalidate`, expired data that was fetched before is returned at once too,
-    /// while a background fetch (one at a time) refreshes it.
+    /// while a background fetch (one at a time) refreshes it. With `failureExpiry`, a failure within
+    /// it is thrown at once, without calling the source.
     ///
     /// - Parameters:
     ///   - retry: The retry policy for a fetch this call starts; `nil` for the state's.
     ///   - operation: Fetches the value.
-    /// - Throws: The operation's error when the fetch fails (after its retries);
-    ///   ``AsyncStateError/timedOut(after:)`` when it timed out; `CancellationError` when the caller's
+    /// - Throws: The operation's error when the fetch fails (after its retries), or the cached one
+    ///   within the failure expiry; ``AsyncStateError/timedOut(after:)`` when it timed out;
+    ///   ``AsyncStateError/tooManyAbandonedOperations(limit:)`` when timed-out operations pile up; `CancellationError` when the caller's
     ///   task is cancelled or the fetch is cancelled (``cancel()``, ``reset()``);
     ///   ``AsyncStateError/reentrantCall`` when called from inside this state's own operation.
     @inlinable
@@ -235,24 +255,89 @@ public struct AsyncState<Value: Sendable>: Sendable {
     {
         // The hit path is inlined into the caller (and specialized there): a lock and a clock read.
         if let fresh = store.cell.freshValue(at: store.clock.now()) { return fresh }
-        return try await fetchFromStore(operation, retry: retry)
+        return try await fetchFromStore(operation, retry: retry, servesStale: true)
     }
 
     /// The miss path of ``value(retry:_:)`` and ``fetch(retry:_:)``: asks the store, on its actor.
+    /// `servesStale`: whether stale data may be answered at once (with `staleWhileRevalidate`).
     @usableFromInline
-    nonisolated(nonsending) func fetchFromStore(_ operation: @escaping Operation, retry: RetryPolicy?)
-        async throws -> Value
-    {
-        let mode: FetchStateMachine<Value>.FetchMode =
-            store.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
+    nonisolated(nonsending) func fetchFromStore(
+        _ operation: @escaping Operation, retry: RetryPolicy?, servesStale: Bool
+    ) async throws -> Value {
+        let mode: AsyncStateStore<Value>.Machine.FetchMode =
+            servesStale && store.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
         return try await store.fetch(operation, mode: mode, policy: retry)
     }
 
-    /// Re-runs the last operation when the phase is ``AsyncPhase/failure(_:)`` or
-    /// ``AsyncPhase/empty``, and returns once it has settled. Otherwise — no operation yet, a fetch in
-    /// flight, or any other phase — does nothing.
+    /// Re-runs the fetch when the phase is ``AsyncPhase/failure(_:)`` or ``AsyncPhase/empty`` — with
+    /// `operation`, bypassing the failure expiry — and returns once it has settled. While a fetch waits
+    /// out its backoff before an automatic retry, starts that retry now instead (with the fetch's own
+    /// operation). Otherwise — a fetch running, or any other phase — does nothing.
+    ///
+    /// ```swift
+    /// if case .failure = $quotes.phase { await $quotes.retry { try await self.client.load() } }
+    /// ```
+    ///
+    /// - Parameter operation: Fetches the value. The state keeps it only while the fetch is in flight.
+    public nonisolated(nonsending) func retry(_ operation: @escaping Operation) async {
+        try? await store.retry(operation)
+    }
+
+    /// Skips the backoff of a fetch that waits to retry automatically: its next attempt starts now, and
+    /// this returns once the fetch has settled. Otherwise does nothing.
+    ///
+    /// A state keeps an operation only while its fetch is in flight (so that an operation capturing
+    /// its owner never keeps the owner alive): after a fetch has settled there is no operation left to
+    /// re-run, so to retry a failure pass the operation to ``retry(_:)``.
     public nonisolated(nonsending) func retry() async {
-        try? await store.retry()
+        try? await store.retry(nil)
+    }
+
+    /// Keeps the value refreshed in the background until the calling task is cancelled: fetches now
+    /// unless the data is fresh, then, `interval` after each fetch settles, refreshes it (joining a
+    /// fetch in flight instead of starting another, whatever the freshness and failure expiry).
+    ///
+    /// Shaped like a swift-service-lifecycle `Service.run()`: it owns its work and returns only when
+    /// its task is cancelled, so it cannot outlive — or keep alive — whoever runs it. Run it from a
+    /// service's `run()` or a task group:
+    ///
+    /// ```swift
+    /// actor RatesService {
+    ///     @AsyncState(expiry: .seconds(90)) var rates: Rates = .empty
+    ///     func run() async throws {
+    ///         try await $rates.run(every: .seconds(60)) { try await self.client.rates() }
+    ///     }
+    /// }
+    /// ```
+    ///
+    /// Failures do not stop it: they show in ``phase`` and the next refresh comes an interval later.
+    /// When the calling task is cancelled, a fetch it is waiting for is cancelled too unless other
+    /// callers wait for it.
+    ///
+    /// - Parameters:
+    ///   - interval: The pause between the end of one fetch and the start of the next, clamped to
+    ///     ``AsyncStateLimits/maximumDuration``.
+    ///   - retry: The retry policy for the fetches it starts; `nil` for the state's.
+    ///   - operation: Fetches the value; kept until this returns.
+    /// - Throws: ``AsyncStateError/invalidInterval(_:)`` at once for a zero or negative interval; the
+    ///   error of the clock's sleep if it throws without the task being cancelled (so that a broken
+    ///   clock stops it loudly, not silently). Returns normally when cancelled.
+    public nonisolated(nonsending) func run(
+        every interval: Duration, retry: RetryPolicy? = nil, _ operation: @escaping Operation
+    ) async throws {
+        guard interval > .zero else { throw AsyncStateError.invalidInterval(interval) }
+        let interval = interval.clampedToLimits
+        var mode = AsyncStateStore<Value>.Machine.FetchMode.ifExpired
+        while !Task.isCancelled {
+            _ = try? await store.fetch(operation, mode: mode, policy: retry)
+            mode = .joinOrStart
+            do {
+                try await store.clock.sleep(store.clock.now().saturatingAdd(interval))
+            } catch {
+                if Task.isCancelled { return }
+                throw error
+            }
+        }
     }
 
     /// Marks the data expired: the next ``fetch(retry:_:)`` goes to the source. A fetch in flight still

@@ -9,6 +9,15 @@ public enum AsyncStateError: Error, Sendable, Hashable, CustomStringConvertible 
     /// which the retry policy may retry.
     case timedOut(after: Duration)
 
+    /// The state did not start its operation because ``AsyncStateLimits/abandonedOperations``
+    /// operations that timed out are still running (they ignore cancellation). It starts operations
+    /// again as soon as one of them returns.
+    case tooManyAbandonedOperations(limit: Int)
+
+    /// ``AsyncState/run(every:retry:_:)`` was given a zero or negative interval, which would refresh
+    /// without pause.
+    case invalidInterval(Duration)
+
     /// A readable explanation.
     public var description: String {
         switch self {
@@ -17,6 +26,10 @@ public enum AsyncStateError: Error, Sendable, Hashable, CustomStringConvertible 
                 "AsyncState.value(_:) was called from inside an operation of the same state; it would wait for itself"
         case .timedOut(let timeout):
             return "the operation did not finish within its timeout of \(timeout)"
+        case .tooManyAbandonedOperations(let limit):
+            return "not started: \(limit) operations that timed out are still running (they ignore cancellation)"
+        case .invalidInterval(let interval):
+            return "run(every:) needs a positive interval, not \(interval)"
         }
     }
 }

@@ -3,22 +3,37 @@ import Testing
 
 @testable import AsyncStateKit
 
-@Suite struct PeriodicRefreshTests {
-    @Test func refreshesEveryIntervalAfterEachFetchSettles() async throws {
+@Suite struct RunEveryTests {
+    @Test func fetchesThenRefreshesEveryIntervalAfterEachFetchSettles() async throws {
         let clock = VirtualClock()
         let source = ScriptedSource(clock: clock, failures: 0, duration: .seconds(1))
-        let state = AsyncState<Int>(wrappedValue: 0, clock: clock, refreshInterval: .seconds(10))
-        clock.task { await state.fetch(source.operation) }
+        let state = AsyncState<Int>(wrappedValue: 0, clock: clock)
+        let runner = clock.task { try await state.run(every: .seconds(10), source.operation) }
         await clock.advance(by: .seconds(35))
-        // Each refresh starts 10 s after the previous fetch settled (each takes 1 s).
+        // Each refresh starts 10 s after the previous fetch settled (each takes 1 s), fresh or not.
         #expect(source.instants == [.s(0), .s(11), .s(22), .s(33)])
         #expect(state.wrappedValue == 4)  // the source answers with its attempt number
         #expect(state.snapshot.successCount == 4)
-        await state.cancel()
+        runner.cancel()
+        try await runner.value  // returns normally when cancelled
         await clock.checkSuspension()
     }
 
-    @Test func aRefreshDueWhileAFetchIsInFlightIsSkipped() async throws {
+    @Test func freshDataIsNotRefetchedAtTheStart() async throws {
+        let clock = VirtualClock()
+        let source = ScriptedSource(clock: clock, failures: 0)
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(60), clock: clock)
+        await state.set(7)
+        let runner = clock.task { try await state.run(every: .seconds(10), source.operation) }
+        await clock.advance(by: .seconds(5))
+        #expect(source.instants == [])
+        await clock.advance(by: .seconds(5))
+        #expect(source.instants == [.s(10)])
+        runner.cancel()
+        try await runner.value
+    }
+
+    @Test func aRefreshDueWhileAFetchIsInFlightJoinsIt() async throws {
         let clock = VirtualClock()
         let starts = LockedValue<[Duration]>([])
         let durations = LockedValue([Duration.zero, .seconds(10), .zero])
@@ -27,62 +42,74 @@ import Testing
             try await clock.sleep(for: durations.withLock { $0.removeFirst() })
             return 1
         }
-        let state = AsyncState<Int>(wrappedValue: 0, clock: clock, refreshInterval: .seconds(10))
-        await state.fetch(load)  // settles at 0: the timer is due at 10
+        let state = AsyncState<Int>(wrappedValue: 0, clock: clock)
+        let runner = clock.task { try await state.run(every: .seconds(10), load) }  // fetches at 0, next at 10
         await clock.advance(by: .seconds(5))
         clock.task { await state.refresh(load) }  // 5–15 s
-        await clock.advance(by: .seconds(10))  // due at 10 while the refresh runs: skipped
+        await clock.advance(by: .seconds(10))  // due at 10 while the refresh runs: joins it
         #expect(starts.withLock { $0 } == [.s(0), .s(5)])
-        await clock.advance(by: .seconds(5))  // due again at 20: runs
-        #expect(starts.withLock { $0 } == [.s(0), .s(5), .s(20)])
-        await state.reset()
+        await clock.advance(by: .seconds(10))  // due again 10 s after it settled, at 25
+        #expect(starts.withLock { $0 } == [.s(0), .s(5), .s(25)])
+        runner.cancel()
+        try await runner.value
         await clock.checkSuspension()
     }
 
-    @Test func cancelAndResetStopItAndTheNextFetchStartsItAgain() async throws {
+    @Test func failuresDoNotStopIt() async throws {
         let clock = VirtualClock()
-        let source = ScriptedSource(clock: clock, failures: 0)
-        let state = AsyncState<Int>(wrappedValue: 0, clock: clock, refreshInterval: .seconds(10))
-        await state.fetch(source.operation)
-        await state.cancel()
-        await clock.advance(by: .seconds(60))
-        #expect(source.instants == [.s(0)])
-        await state.refresh(source.operation)  // at 60 s: arms it again
-        await clock.advance(by: .seconds(10))
-        #expect(source.instants == [.s(0), .s(60), .s(70)])
-        await state.reset()
-        await clock.advance(by: .seconds(60))
-        #expect(source.instants.count == 3)
-        await clock.checkSuspension()
+        let source = ScriptedSource(clock: clock, failures: 2)
+        let state = AsyncState<Int>(wrappedValue: 0, clock: clock, failureExpiry: .seconds(60))
+        let runner = clock.task { try await state.run(every: .seconds(10), source.operation) }
+        await clock.advance(by: .seconds(15))
+        #expect(state.phase.name == "failure")
+        await clock.advance(by: .seconds(10))  // it bypasses the failure expiry
+        #expect(source.instants == [.s(0), .s(10), .s(20)])
+        #expect(state.wrappedValue == 3)
+        runner.cancel()
+        try await runner.value
     }
 
-    @Test func itStopsWhenTheStateIsFreed() async throws {
+    @Test func cancellingItCancelsTheFetchItWaitsFor() async throws {
         let clock = VirtualClock()
-        let source = ScriptedSource(clock: clock, failures: 0)
-        weak var store: AsyncStateStore<Int>?
-        do {
-            let state = AsyncState<Int>(wrappedValue: 0, clock: clock, refreshInterval: .seconds(10))
-            store = state.store
-            await state.fetch(source.operation)
-            #expect(clock.pendingSleepers == 1)
-        }
+        let source = ScriptedSource(clock: clock, failures: 0, duration: .seconds(30))
+        let state = AsyncState<Int>(wrappedValue: 0, clock: clock)
+        let runner = clock.task { try await state.run(every: .seconds(10), source.operation) }
+        await clock.advance(by: .seconds(1))
+        #expect(state.phase.isLoading)
+        runner.cancel()
+        try await runner.value
         await clock.settle()
-        #expect(store == nil)
-        #expect(clock.pendingSleepers == 0)  // the timer did not outlive its state
-        await clock.advance(by: .seconds(60))
-        #expect(source.instants == [.zero])
+        #expect(state.phase.name == "initial")
+        #expect(clock.pendingSleepers == 0)
     }
 
     @Test(arguments: [Duration.zero, .seconds(-10)])
-    func aZeroOrNegativeIntervalMeansNone(_ interval: Duration) async throws {
+    func aZeroOrNegativeIntervalIsAnError(_ interval: Duration) async throws {
         let clock = VirtualClock()
-        let source = ScriptedSource(clock: clock, failures: 0)
-        let state = AsyncState<Int>(wrappedValue: 0, clock: clock, refreshInterval: interval)
-        await state.fetch(source.operation)
-        #expect(clock.pendingSleepers == 0)
-        await clock.advance(by: .seconds(60))
-        #expect(source.instants == [.zero])
+        let state = AsyncState<Int>(wrappedValue: 0, clock: clock)
+        await #expect(throws: AsyncStateError.invalidInterval(interval)) {
+            try await state.run(every: interval) { 1 }
+        }
+        #expect(state.phase.name == "initial")
     }
+
+    @Test func aClockWhoseSleepThrowsStopsItLoudly() async throws {
+        let state = AsyncState<Int>(wrappedValue: 0, clock: ThrowingClock())
+        await #expect(throws: ThrowingClock.Broken.self) {
+            try await state.run(every: .seconds(1)) { 1 }
+        }
+        #expect(state.wrappedValue == 1)
+    }
+}
+
+/// A clock whose sleeps throw at once, without the task being cancelled (a custom clock, a test clock
+/// that ends its pending sleeps).
+struct ThrowingClock: Clock {
+    struct Broken: Error {}
+
+    var now: ContinuousClock.Instant { .now }
+    var minimumResolution: Duration { .zero }
+    func sleep(until deadline: ContinuousClock.Instant, tolerance: Duration?) async throws { throw Broken() }
 }
 
 @Suite struct StaleWhileRevalidateTests {
@@ -164,6 +191,8 @@ import Testing
         let service = QuoteService()
         #expect(try await service.current().map(\.symbol) == ["ACME"])
         #expect(try await service.currentOrFailFast().map(\.price) == [12.5])
-        await service.$quotes.reset()  // stops its periodic refresh
+        let runner = Task { try await service.run() }
+        runner.cancel()
+        try await runner.value  // returns when cancelled
     }
 }

@@ -90,20 +90,23 @@ import Testing
         }
         await state.fetch(flaky)
         #expect(state.phase.name == "failure")
-        await state.retry()
+        await state.retry()  // the state kept no operation: nothing to re-run
+        #expect(state.phase.name == "failure")
+        await state.retry(flaky)
         #expect(state.phase.name == "success")
         #expect(state.wrappedValue == 2)
-        await state.retry()  // success: nothing to retry
+        await state.retry(flaky)  // success: nothing to retry
         #expect(attempts.withLock { $0 } == 2)
     }
 
-    @Test func retryReRunsTheLastOperationAfterAnEmptyAnswer() async throws {
+    @Test func retryReRunsTheOperationAfterAnEmptyAnswer() async throws {
         let clock = VirtualClock()
         let state = AsyncState<[Int]>(wrappedValue: [], clock: clock)
         let answers = LockedValue([[], [4]] as [[Int]])
-        await state.fetch { answers.withLock { $0.removeFirst() } }
+        let load: @Sendable () async throws -> [Int] = { answers.withLock { $0.removeFirst() } }
+        await state.fetch(load)
         #expect(state.phase.name == "empty")
-        await state.retry()
+        await state.retry(load)
         #expect(state.wrappedValue == [4])
         #expect(state.phase.name == "success")
     }
@@ -111,12 +114,14 @@ import Testing
     @Test func retryWithNothingToRetryIsANoOp() async throws {
         let clock = VirtualClock()
         let state = AsyncState<Int>(wrappedValue: 7, clock: clock)
+        await state.retry { 1 }
         await state.retry()
         #expect(state.phase.name == "initial")
         #expect(state.wrappedValue == 7)
         await state.set(8)
-        await state.retry()
+        await state.retry { 1 }
         #expect(state.phase.name == "success")
+        #expect(state.wrappedValue == 8)
     }
 
     @Test func setWritesAFreshSuccessAndResetGoesBackToTheStart() async throws {

@@ -31,7 +31,6 @@ struct ReferenceModel {
     var successAt: Duration?
     var freshSince: Duration?
     var flight: Flight?
-    var lastOperation: Operation?
     /// Callers' outcomes: "value(n)", "failed", "cancelled" (value callers) or "done" (others).
     var outcomes: [Int: String] = [:]
     /// Whether each caller awaits a value (`value`) or just completion (`refresh`, `retry`).
@@ -48,7 +47,6 @@ struct ReferenceModel {
         flight = Flight(
             operation: operation, ends: now + operation.duration, waiters: waiters, phaseBefore: before.0,
             successDateBefore: before.1, landsExpired: false)
-        lastOperation = operation
         phase = "loading"
     }
 
@@ -75,12 +73,13 @@ struct ReferenceModel {
         startFlight(operation, waiters: (flight?.waiters ?? []) + [caller])
     }
 
-    mutating func retry(caller: Int) {
+    /// `retry(_:)`: the state keeps no operation, so it runs the one it is given.
+    mutating func retry(caller: Int, _ operation: Operation) {
         wantsValue[caller] = false
-        guard let last = lastOperation, flight == nil, phase == "failure" || phase == "empty" else {
+        guard flight == nil, phase == "failure" || phase == "empty" else {
             return resolve(caller, "done")
         }
-        startFlight(last, waiters: [caller])
+        startFlight(operation, waiters: [caller])
     }
 
     mutating func write(_ newValue: Int) {
@@ -108,7 +107,6 @@ struct ReferenceModel {
         phase = "initial"
         successAt = nil
         freshSince = nil
-        lastOperation = nil
     }
 
     mutating func cancelCaller(_ caller: Int) {
@@ -202,12 +200,13 @@ struct ReferenceModel {
                 }
                 model.refresh(caller: caller, spec)
             case 3:
-                log.append("retry")
+                let (spec, operation) = makeOperation()
+                log.append("retry(\(spec.result)\(spec.fails ? "!" : "") \(spec.duration))")
                 record(caller) {
-                    await state.retry()
+                    await state.retry(operation)
                     return "done"
                 }
-                model.retry(caller: caller)
+                model.retry(caller: caller, spec)
             case 4:
                 let newValue = Int(random.next() % 3)
                 log.append("set(\(newValue))")

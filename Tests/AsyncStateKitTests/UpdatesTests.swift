@@ -111,6 +111,7 @@ import Testing
             runs.withLock { $0 += 1 }
             await state.fetch { 10 }
             await state.refresh { 11 }
+            await state.retry { 12 }
             await state.retry()
             return 3
         }

@@ -16,8 +16,9 @@ import Foundation
 /// ```
 ///
 /// Bad values are clamped, never trapped on: `maxAttempts` below 1 is 1; negative durations are
-/// zero; a multiplier below 1 is 1; a `cap` below the initial delay caps every delay; a zero or
-/// negative `budget` allows no retry.
+/// zero and durations longer than ``AsyncStateLimits/maximumDuration`` are that; a multiplier below 1
+/// (or not a number) is 1; a `cap` below the initial delay caps every delay; a zero or negative
+/// `budget` allows no retry.
 public struct RetryPolicy: Sendable {
     /// The shape of the delay before each retry, before jitter.
     public enum Backoff: Sendable, Hashable {
@@ -29,19 +30,29 @@ public struct RetryPolicy: Sendable {
         case exponential(initial: Duration, multiplier: Double, cap: Duration)
 
         /// The delay before retry number `retry` (1 for the first retry), clamped as the type says.
+        ///
+        /// Every duration is clamped to `0...AsyncStateLimits.maximumDuration` first, and the growth
+        /// is capped before it can overflow: no backoff traps, whatever it is given.
         public func delay(beforeRetry retry: Int) -> Duration {
-            let n = max(1, retry)
+            let steps = max(1, retry) - 1
             switch self {
             case .constant(let delay):
-                return max(.zero, delay)
+                return delay.clampedToLimits
             case .linear(let initial, let increment, let cap):
-                let delay = max(.zero, initial) + max(.zero, increment) * (n - 1)
-                return min(delay, max(.zero, cap))
+                let (initial, increment, cap) = (
+                    initial.clampedToLimits, increment.clampedToLimits, cap.clampedToLimits
+                )
+                // Compare the number of steps with how many fit under the cap before multiplying.
+                guard initial < cap else { return cap }
+                guard increment > .zero, Double(steps) < (cap - initial) / increment else {
+                    return increment > .zero && steps > 0 ? cap : initial
+                }
+                return min(initial + increment * steps, cap)
             case .exponential(let initial, let multiplier, let cap):
-                let cap = max(.zero, cap)
-                let seconds = initial.timeInterval * pow(max(1, multiplier), Double(n - 1))
+                let cap = cap.clampedToLimits
+                let seconds = initial.clampedToLimits.timeInterval * pow(max(1, multiplier), Double(steps))
                 guard seconds.isFinite, seconds < cap.timeInterval else { return cap }
-                return max(.zero, .seconds(seconds))
+                return Duration.seconds(seconds).clampedToLimits
             }
         }
     }
@@ -74,7 +85,7 @@ public struct RetryPolicy: Sendable {
             self.backoff = backoff
             self.jitter = jitter
             self.seed = seed
-            self.budget = budget
+            self.budget = budget.map { $0 > .zero ? $0.clampedToLimits : .zero }
             self.shouldRetry = shouldRetry
         }
 

@@ -17,23 +17,36 @@ private actor ExecutorHost {
     }
 }
 
-/// The stores whose operations the current task is running (directly or through nested states), so
-/// a call that would wait for its own result is refused instead of hanging.
+/// The attempts the current task is running (directly, through nested states, or because it
+/// inherited the context of a task that does), so that the machine can refuse a call that would wait
+/// for its own result. Only an attempt that is still current counts, so a task an operation started
+/// may call the state once that attempt is over.
 enum OperationContext {
-    @TaskLocal static var running: [ObjectIdentifier] = []
+    /// One running attempt: which store, which attempt.
+    struct Entry: Sendable {
+        var store: ObjectIdentifier
+        var attempt: UInt64
+    }
+
+    @TaskLocal static var running: [Entry] = []
 }
 
 /// The actor shell of an ``AsyncState``: it feeds events to a ``FetchStateMachine`` and performs the
-/// actions — starts and cancels the operation's task, sleeps between attempts, resumes waiters,
-/// publishes snapshots, runs the periodic refresh.
+/// actions — starts and cancels the attempts' tasks, sleeps out backoffs and timeouts, resumes
+/// waiters, publishes snapshots. It decides nothing itself.
 ///
 /// Under a settling clock (`VirtualClock`) the actor runs on the clock's serial executor and its tasks
 /// prefer the clock's task executor, so every job of the store is counted by the clock's settling.
 /// Otherwise it shares the executor of a default actor from a small pool (see `ExecutorHost`).
+///
+/// Lifetime: the store keeps an operation only inside the machine's flight, and its tasks only while
+/// that flight runs. Each task holds the store until it ends (so a state dropped mid-flight settles
+/// and is then freed); nothing outlives the flight except an attempt abandoned by its timeout, which
+/// holds the store until its operation returns.
 @usableFromInline
 actor AsyncStateStore<Value: Sendable> {
     typealias Operation = @Sendable () async throws -> Value
-    typealias Machine = FetchStateMachine<Value>
+    typealias Machine = FetchStateMachine<Value, Operation>
 
     /// The actor's executor: the settling clock's serial executor (kept alive by the clock, which
     /// ``clock`` keeps alive), or a pooled default actor's (kept alive by the pool).
@@ -45,17 +58,13 @@ actor AsyncStateStore<Value: Sendable> {
     @usableFromInline nonisolated let clock: StoreClock
     /// The continuations of waiting callers, outside the actor (see ``WaiterTable``).
     nonisolated var waiters: WaiterTable<Value> { WaiterTable(cell: cell) }
-    /// The longest an attempt may run; `nil` for no limit.
-    private nonisolated let timeout: Duration?
     /// Whether `value` serves stale data at once and refreshes it in the background.
     @usableFromInline nonisolated let staleWhileRevalidate: Bool
-    /// How long after a fetch settles the next background refresh starts; `nil` for none.
-    private nonisolated let refreshInterval: Duration?
 
     private var machine: Machine
-    private var operations: [Machine.FlightID: Task<Void, Never>] = [:]
-    private var lastOperation: Operation?
-    private var periodicRefresh: Task<Void, Never>?
+    /// The tasks of the flight in flight: its running attempt, and the timer of its timeout or backoff.
+    private var attemptTask: Task<Void, Never>?
+    private var timerTask: Task<Void, Never>?
     private var nextWaiter: UInt64 = 0
 
     /// Creates a store; `serialExecutor` is the settling clock's, if it has one.
@@ -64,18 +73,11 @@ actor AsyncStateStore<Value: Sendable> {
         serialExecutor: (any SerialExecutor)?
     ) {
         self.clock = clock
-        timeout = configuration.timeout
         staleWhileRevalidate = configuration.staleWhileRevalidate
-        refreshInterval = configuration.refreshInterval
         unownedExecutor = serialExecutor?.asUnownedSerialExecutor() ?? ExecutorHost.take().unownedExecutor
         cell = SnapshotCell(value: initialValue, expiry: configuration.expiry)
         machine = Machine(
-            initialValue: initialValue, expiry: configuration.expiry, isEmpty: configuration.isEmpty,
-            retryPolicy: configuration.retry, seed: UInt64.random(in: .min ... .max))
-    }
-
-    deinit {
-        periodicRefresh?.cancel()
+            initialValue: initialValue, configuration: configuration, seed: UInt64.random(in: .min ... .max))
     }
 
     // MARK: Entering
@@ -87,9 +89,10 @@ actor AsyncStateStore<Value: Sendable> {
         try await body(self)
     }
 
-    /// Whether the current task is running an operation of this store.
-    nonisolated var isReentrant: Bool {
-        OperationContext.running.contains(ObjectIdentifier(self))
+    /// The attempts of this store that the current task runs (for the machine's reentrancy check).
+    private nonisolated var callerAttempts: [Machine.AttemptID] {
+        let me = ObjectIdentifier(self)
+        return OperationContext.running.compactMap { $0.store == me ? $0.attempt : nil }
     }
 
     // MARK: Events from callers
@@ -103,79 +106,78 @@ actor AsyncStateStore<Value: Sendable> {
         case wait(Machine.WaiterID)
     }
 
-    /// Gets the value: fresh (or, with stale-while-revalidate, stale) data at once, else the outcome
-    /// of the flight in flight or of a new one run with `policy`.
+    /// Gets the value as `mode` says: an answer at once, or the outcome of the flight in flight or of
+    /// a new one running `operation` with `policy`.
     nonisolated func fetch(
         _ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy? = nil
     ) async throws -> Value {
-        switch try await enter({ try $0.requestFetch(operation, mode: mode, policy: policy) }) {
+        let attempts = callerAttempts
+        switch try await enter({ try $0.requestFetch(operation, mode: mode, policy: policy, callerAttempts: attempts) })
+        {
         case .value(let value): return value
         case .wait(let id): return try await wait(id)
         }
     }
 
-    /// Re-runs the last operation if the phase is failure or empty and waits for it; otherwise
-    /// returns at once.
-    nonisolated func retry() async throws {
-        if let id = try await enter({ try $0.requestRetry() }) { _ = try await wait(id) }
+    /// Retries (see ``FetchStateMachine/retry(waiter:operation:now:callerAttempts:)``) and waits for the
+    /// flight; returns at once when there is nothing to retry.
+    nonisolated func retry(_ operation: Operation?) async throws {
+        let attempts = callerAttempts
+        if let id = try await enter({ try $0.requestRetry(operation, callerAttempts: attempts) }) {
+            _ = try await wait(id)
+        }
     }
 
     private func requestFetch(
-        _ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy?
+        _ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy?,
+        callerAttempts: [Machine.AttemptID]
     ) throws -> Ticket {
-        let now = clock.now()
-        if mode != .always, machine.isFresh(at: now) { return .value(machine.value) }
-        if isReentrant { throw AsyncStateError.reentrantCall }
         try Task.checkCancellation()
-        let waiter = makeWaiter()
-        switch machine.fetch(waiter: waiter, mode: mode, now: now, policy: policy) {
-        case .returnFresh(let value):
+        let now = clock.now()
+        nextWaiter &+= 1
+        let waiter = nextWaiter
+        switch machine.fetch(
+            waiter: waiter, mode: mode, now: now, policy: policy, operation: operation,
+            callerAttempts: callerAttempts)
+        {
+        case .returnValue(let value):
             return .value(value)
-        case .returnStale(let value, let refreshing):
-            if let refreshing { start(refreshing, operation, at: now) }
+        case .returnStaleAndStart(let value, let attempt):
+            start(attempt, at: now)
             return .value(value)
+        case .fail(let error):
+            throw error
         case .join:
             break
-        case .start(let id, let cancelling):
-            if let cancelling { operations.removeValue(forKey: cancelling)?.cancel() }
-            start(id, operation, at: now)
+        case .start(let attempt, let replacing):
+            if replacing { endFlightTasks() }
+            start(attempt, at: now)
         }
         waiters.add(waiter)
         return .wait(waiter)
     }
 
-    /// Starts a retry flight and returns the caller's waiter, or `nil` when there is nothing to retry.
-    private func requestRetry() throws -> Machine.WaiterID? {
-        if isReentrant { throw AsyncStateError.reentrantCall }
+    private func requestRetry(_ operation: Operation?, callerAttempts: [Machine.AttemptID]) throws
+        -> Machine.WaiterID?
+    {
         try Task.checkCancellation()
-        return rerunLastOperation { $0.retry(waiter: $1, now: $2) }
-    }
-
-    /// Starts a periodic background refresh and returns its waiter, or `nil` when one is not due.
-    private func requestPeriodicRefresh() -> Machine.WaiterID? {
-        rerunLastOperation { $0.periodicRefresh(waiter: $1, now: $2) }
-    }
-
-    /// Re-runs the last operation as a new flight if `event` says so; returns the waiter to wait on.
-    private func rerunLastOperation(
-        _ event: (inout Machine, Machine.WaiterID, Duration) -> Machine.StartAction
-    ) -> Machine.WaiterID? {
-        guard let operation = lastOperation else { return nil }
-        let waiter = makeWaiter()
         let now = clock.now()
-        guard case .start(let id) = event(&machine, waiter, now) else { return nil }
-        start(id, operation, at: now)
+        nextWaiter &+= 1
+        let waiter = nextWaiter
+        guard
+            case .start(let attempt) = machine.retry(
+                waiter: waiter, operation: operation, now: now, callerAttempts: callerAttempts)
+        else { return nil }
+        start(attempt, at: now)
         waiters.add(waiter)
         return waiter
     }
 
     func invalidate() {
-        machine.invalidate()
-        publish(at: clock.now())
+        if machine.invalidate() { publish(at: clock.now()) }
     }
 
     func cancel() {
-        stopPeriodicRefresh()
         let ended = machine.cancel()
         if case .none = ended { return }
         publish(at: clock.now())
@@ -190,32 +192,43 @@ actor AsyncStateStore<Value: Sendable> {
     }
 
     func reset() {
-        stopPeriodicRefresh()
-        let ended = machine.reset()
-        lastOperation = nil
+        let (ended, changed) = machine.reset()
+        guard changed else { return }
         publish(at: clock.now())
         perform(ended, resumingWith: .failure(CancellationError()))
     }
 
-    // MARK: Events from tasks
+    // MARK: Events from the flight's tasks
 
-    /// An attempt of flight `id` ended. Returns when to start the next attempt, or `nil` when the
-    /// flight is over (settled, or no longer current).
-    private func attemptFinished(_ id: Machine.FlightID, _ outcome: Machine.Outcome) -> Duration? {
+    /// An attempt's operation returned or threw.
+    private func attemptFinished(
+        _ flight: Machine.FlightID, _ attempt: Machine.AttemptID, _ outcome: Machine.Outcome
+    ) {
         let now = clock.now()
-        switch machine.operationFinished(id, outcome: outcome, now: now, date: clock.date()) {
-        case .drop:
-            return nil
-        case .retry(let at):
-            publish(at: now)
-            return at
-        case .settle(let ids, let result):
-            operations[id] = nil
-            publish(at: now)
-            for id in ids { resume(id, with: result) }
-            armPeriodicRefresh()
-            return nil
-        }
+        let action = machine.attemptFinished(flight, attempt: attempt, outcome: outcome, now: now, date: clock.date())
+        if case .drop = action { return }
+        attemptTask = nil  // it is ending by itself
+        perform(action, at: now)
+    }
+
+    /// An attempt's timeout fired: the attempt is abandoned (cancelled, its late result dropped).
+    private func attemptTimedOut(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID) {
+        let now = clock.now()
+        let action = machine.attemptTimedOut(flight, attempt: attempt, now: now)
+        if case .drop = action { return }
+        attemptTask?.cancel()
+        attemptTask = nil
+        timerTask = nil  // it is ending by itself
+        perform(action, at: now)
+    }
+
+    /// A backoff ended, or its sleep threw `error`.
+    private func backoffEnded(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID, error: (any Error)?) {
+        let now = clock.now()
+        let action = machine.backoffEnded(flight, attempt: attempt, error: error, now: now)
+        if case .drop = action { return }
+        timerTask = nil  // it is ending by itself
+        perform(action, at: now)
     }
 
     /// A waiter's task was cancelled.
@@ -225,8 +238,8 @@ actor AsyncStateStore<Value: Sendable> {
             break
         case .resume(let id):
             resume(id, with: .failure(CancellationError()))
-        case .resumeAndCancelFlight(let id, let flight):
-            operations.removeValue(forKey: flight)?.cancel()
+        case .resumeAndEndFlight(let id):
+            endFlightTasks()
             publish(at: clock.now())
             resume(id, with: .failure(CancellationError()))
         }
@@ -234,9 +247,21 @@ actor AsyncStateStore<Value: Sendable> {
 
     // MARK: Performing actions
 
-    private func makeWaiter() -> Machine.WaiterID {
-        nextWaiter &+= 1
-        return nextWaiter
+    private func perform(_ action: Machine.FlightAction, at now: Duration) {
+        switch action {
+        case .drop:
+            break
+        case .retry(let flight, let attempt, let at):
+            timerTask?.cancel()
+            timerTask = schedule(at: at) { store, error in store.backoffEnded(flight, attempt, error: error) }
+            publish(at: now)
+        case .start(let attempt):
+            start(attempt, at: now)
+        case .settle(let ids, let result):
+            endFlightTasks()
+            publish(at: now)
+            for id in ids { resume(id, with: result) }
+        }
     }
 
     /// Suspends the caller (outside the actor) until its waiter is resumed. A cancelled caller leaves
@@ -251,95 +276,73 @@ actor AsyncStateStore<Value: Sendable> {
         waiters.resume(waiter, with: result)
     }
 
-    /// Cancels the operation of a flight an event ended and resumes its waiters with `result`.
+    /// Ends the tasks of a flight an event ended and resumes its waiters with `result`.
     /// Call after publishing, so that a resumed waiter sees the new snapshot.
     private func perform(_ ended: Machine.EndedFlight, resumingWith result: Result<Value, any Error>) {
-        guard case .cancel(let id, let ids) = ended else { return }
-        operations.removeValue(forKey: id)?.cancel()
+        guard case .end(let ids) = ended else { return }
+        endFlightTasks()
         for waiter in ids { resume(waiter, with: result) }
+    }
+
+    /// Cancels the flight's attempt (its operation) and its timer.
+    private func endFlightTasks() {
+        attemptTask?.cancel()
+        timerTask?.cancel()
+        attemptTask = nil
+        timerTask = nil
     }
 
     private func publish(at now: Duration) {
         cell.publish(machine.snapshot(at: now), freshSince: machine.freshSince)
     }
 
-    /// Starts flight `id` running `operation` and publishes `loading`.
-    private func start(_ id: Machine.FlightID, _ operation: @escaping Operation, at now: Duration) {
-        lastOperation = operation
-        operations[id] = launch(id, operation)
+    /// Starts `attempt`'s task (and its timeout's timer) and publishes.
+    private func start(_ attempt: Machine.Attempt, at now: Duration) {
+        timerTask?.cancel()
+        attemptTask = launch(attempt)
+        let (flight, id) = (attempt.flight, attempt.id)
+        timerTask = attempt.timeoutAt.map { deadline in
+            // A timer whose sleep throws without being cancelled cannot keep its promise to end the
+            // wait at the deadline, so it ends it now.
+            schedule(at: deadline) { store, _ in store.attemptTimedOut(flight, id) }
+        }
         publish(at: now)
     }
 
-    /// Starts the periodic refresh, if the state has one and it is not running: called when a fetch
-    /// settles, so the first refresh comes one interval after it.
-    private func armPeriodicRefresh() {
-        guard periodicRefresh == nil, let interval = refreshInterval else { return }
-        periodicRefresh = Self.refreshPeriodically(self, every: interval, clock: clock)
-    }
-
-    private func stopPeriodicRefresh() {
-        periodicRefresh?.cancel()
-        periodicRefresh = nil
-    }
-
-    /// The flight's task: runs attempts until the machine says the flight is over, sleeping on the
-    /// clock between them. It holds the store until it ends, so a state dropped mid-flight is freed
-    /// once its operation finishes; cancelling it (the store does, when the flight ends early) stops
-    /// it at once, also during a backoff sleep.
-    private nonisolated func launch(_ id: Machine.FlightID, _ operation: @escaping Operation) -> Task<Void, Never> {
-        Task(executorPreference: clock.executor) { [self] in
-            while !Task.isCancelled {
-                let outcome = await attempt(operation)
-                guard let next = await attemptFinished(id, outcome) else { return }
-                do { try await clock.sleep(next) } catch { return }
-            }
-        }
-    }
-
-    /// Runs one attempt of `operation`, cancelling it after the configured timeout.
-    private nonisolated func attempt(_ operation: @escaping Operation) async -> Machine.Outcome {
-        let marked = OperationContext.running + [ObjectIdentifier(self)]
-        let run: @Sendable () async -> Machine.Outcome = {
+    /// The attempt's task: runs the operation, marked as this attempt for the reentrancy check, and
+    /// reports how it ended — always, whatever it threw, so the machine sees every end.
+    private nonisolated func launch(_ attempt: Machine.Attempt) -> Task<Void, Never> {
+        let marked = OperationContext.running + [.init(store: ObjectIdentifier(self), attempt: attempt.id)]
+        let (operation, flight, id) = (attempt.operation, attempt.flight, attempt.id)
+        return Task(executorPreference: clock.executor) { [self] in
+            let outcome: Machine.Outcome
             do {
-                return .success(try await OperationContext.$running.withValue(marked) { try await operation() })
+                outcome = .success(try await OperationContext.$running.withValue(marked) { try await operation() })
             } catch is CancellationError {
-                return .cancelled
+                outcome = .cancelled
             } catch {
-                return .failure(error)
+                outcome = .failure(error)
             }
-        }
-        guard let timeout else { return await run() }
-        let deadline = clock.now() + timeout
-        return await withTaskGroup(of: Machine.Outcome?.self) { [clock] group in
-            group.addTask { await run() }
-            group.addTask {
-                do { try await clock.sleep(deadline) } catch { return nil }
-                return .failure(AsyncStateError.timedOut(after: timeout))
-            }
-            var first: Machine.Outcome = .cancelled
-            while let next = await group.next() {
-                guard let outcome = next else { continue }  // the timer was cancelled
-                first = outcome
-                break
-            }
-            group.cancelAll()
-            return first
+            await attemptFinished(flight, id, outcome)
         }
     }
 
-    /// The periodic refresh: sleeps `interval`, re-runs the last operation in the background unless a
-    /// fetch is in flight, waits for it, and again — while the store lives. Holds the store only
-    /// while a refresh runs; the store cancels it on `cancel()`, `reset()` and deinit.
-    private static func refreshPeriodically(
-        _ store: AsyncStateStore<Value>, every interval: Duration, clock: StoreClock
+    /// A timer: sleeps until `deadline` on the clock, then runs `fired` on the store with the error the
+    /// sleep threw, if any. A cancelled timer does nothing (whoever cancelled it has moved on).
+    private nonisolated func schedule(
+        at deadline: Duration,
+        _ fired: @escaping @Sendable (isolated AsyncStateStore<Value>, (any Error)?) -> Void
     ) -> Task<Void, Never> {
-        Task(executorPreference: clock.executor) { [weak store] in
-            while !Task.isCancelled {
-                do { try await clock.sleep(clock.now() + interval) } catch { return }
-                guard let store else { return }
-                guard let waiter = try? await store.enter({ $0.requestPeriodicRefresh() }) else { continue }
-                _ = try? await store.wait(waiter)
+        Task(executorPreference: clock.executor) { [self, clock] in
+            let failure: (any Error)?
+            do {
+                try await clock.sleep(deadline)
+                failure = nil
+            } catch {
+                failure = error
             }
+            if Task.isCancelled { return }
+            _ = try? await enter { fired($0, failure) }
         }
     }
 }

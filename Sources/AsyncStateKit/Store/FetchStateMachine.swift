@@ -1,29 +1,41 @@
 import Foundation
 
 /// The pure heart of an ``AsyncState``: every event is a `mutating func` that takes the current
-/// virtual instant as an argument, changes the state, and returns what the shell must do.
+/// instant as an argument, changes the state, and returns what the shell must do.
 ///
 /// No clock reads, no tasks, no awaits, no continuations: ``AsyncStateStore`` owns one, feeds it
-/// events and performs the actions. Time is a `Duration` since the store's clock origin.
+/// events and performs the actions. Time is a `Duration` since the store's clock origin. Every
+/// decision is made here — freshness, negative caching, reentrancy, retries, timeouts, the bound on
+/// abandoned operations — so the shell only performs.
 ///
 /// Rules it enforces:
 /// - One flight at a time (single flight); joiners wait on it, `refresh` replaces it.
-/// - Only the current flight's result lands: a result from a flight that was replaced, cancelled or
-///   overtaken by ``set(_:now:date:)`` / ``reset()`` is dropped (generations by flight id).
+/// - Only the current attempt's result lands: a result from an attempt that timed out, or from a
+///   flight that was replaced, cancelled or overtaken by ``set(_:now:date:)`` / ``reset()``, is dropped.
 /// - Cancellation is never a failure: it puts the phase back to what it was before the flight.
 /// - A failed attempt is retried as the flight's ``RetryPolicy`` says; the phase stays `loading`
 ///   until the last attempt.
+/// - The operation lives in the flight and nowhere else: when the flight ends, the machine forgets
+///   it, so an operation that captures the state's owner never keeps the owner alive.
 /// - Freshness is lazy: the machine records when fresh data arrived and compares on request.
-struct FetchStateMachine<Value: Sendable> {
+struct FetchStateMachine<Value: Sendable, Operation> {
     /// Identifies one caller waiting for a flight.
     typealias WaiterID = UInt64
-    /// Identifies one run of the operation (all its attempts).
+    /// Identifies one flight (all its attempts).
     typealias FlightID = UInt64
+    /// Identifies one attempt of a flight.
+    typealias AttemptID = UInt64
 
     /// The operation run in flight and who waits for it.
     struct Flight {
-        /// This flight's id; results carrying another id are stale.
+        /// This flight's id; events carrying another id are stale.
         var id: FlightID
+        /// The operation: kept for the flight's attempts only.
+        var operation: Operation
+        /// The current attempt's id: running, or due after a backoff (``retryAt``).
+        var attempt: AttemptID
+        /// When the current attempt starts, while the flight waits out a backoff; `nil` while it runs.
+        var retryAt: Duration?
         /// The callers waiting for its outcome, in arrival order.
         var waiters: [WaiterID]
         /// The phase before the flight began, restored if it is cancelled.
@@ -36,21 +48,23 @@ struct FetchStateMachine<Value: Sendable> {
         var startedAt: Duration
         /// Failed attempts so far.
         var failures: Int
-        /// A background flight (stale-while-revalidate, periodic refresh): it goes on when its
-        /// waiters leave.
+        /// A background flight (stale-while-revalidate): it goes on when its waiters leave.
         var keepAlive: Bool
         /// The jitter generator for this flight's retries.
         var random: SplitMix64
     }
 
-    /// How a fetch treats fresh and stale data.
+    /// How a fetch treats fresh, failed and stale data.
     enum FetchMode {
-        /// `fetch` / `value`: fresh data is returned without running the operation.
+        /// `fetch` / `value`: fresh data (or a failure within the failure expiry) is answered without
+        /// running the operation; otherwise the caller joins the flight in flight or starts one.
         case ifExpired
         /// `refresh`: always runs the operation, replacing any flight in flight.
         case always
-        /// `value` with stale-while-revalidate: fresh data as `ifExpired`; stale data is returned at
-        /// once while a background flight refreshes it; no data at all as `ifExpired`.
+        /// `run(every:)`: joins the flight in flight, otherwise starts one whatever the freshness.
+        case joinOrStart
+        /// `value` with stale-while-revalidate: as ``ifExpired``, except that stale data is returned at
+        /// once while a background flight refreshes it.
         case staleWhileRevalidate
     }
 
@@ -58,41 +72,62 @@ struct FetchStateMachine<Value: Sendable> {
     enum Outcome {
         /// It returned a value.
         case success(Value)
-        /// It threw an error other than `CancellationError` (or timed out).
+        /// It threw an error other than `CancellationError`.
         case failure(any Error)
         /// It threw `CancellationError` (by itself or because it was cancelled).
         case cancelled
     }
 
-    /// What to do after ``fetch(waiter:mode:now:policy:)``.
-    enum FetchAction {
-        /// The data is fresh: give the caller this value; nothing starts and the caller does not wait.
-        case returnFresh(Value)
-        /// The data is stale: give the caller this value now; if `refreshing` is set, start that
-        /// background flight (no waiters). Publish when starting.
-        case returnStale(Value, refreshing: FlightID?)
-        /// The caller joined the flight in flight and waits for it.
-        case join
-        /// Start the operation for flight `id` (after cancelling flight `cancelling`'s operation, if
-        /// any); the caller waits for it. Publish: the phase is `loading`.
-        case start(id: FlightID, cancelling: FlightID?)
+    /// An attempt for the shell to run now: run `operation` in a task, report its end with
+    /// ``attemptFinished(_:attempt:outcome:now:date:)``, and, if `timeoutAt` is set, report
+    /// ``attemptTimedOut(_:attempt:now:date:)`` at that instant unless it ended first.
+    struct Attempt {
+        /// The flight it belongs to.
+        var flight: FlightID
+        /// Its id.
+        var id: AttemptID
+        /// What it runs.
+        var operation: Operation
+        /// When it times out; `nil` for never.
+        var timeoutAt: Duration?
     }
 
-    /// What to do after ``retry(waiter:)`` or ``periodicRefresh(waiter:now:)``.
-    enum StartAction {
-        /// Run the last operation as flight `id`; the caller waits for it. Publish.
-        case start(id: FlightID)
-        /// Nothing to do (no operation yet, a flight in flight, or a phase that does not call for it).
+    /// What to do after ``fetch(waiter:mode:now:policy:operation:callerAttempts:)``.
+    enum FetchAction {
+        /// Give the caller this value now; it does not wait. Nothing starts.
+        case returnValue(Value)
+        /// Give the caller this stale value now and start this background attempt (a new flight with
+        /// no waiters). Publish.
+        case returnStaleAndStart(Value, Attempt)
+        /// Throw this error to the caller now (a cached failure, a reentrant call, too many abandoned
+        /// operations). Nothing changes.
+        case fail(any Error)
+        /// The caller joined the flight in flight and waits for it.
+        case join
+        /// End the tasks of the flight in flight if `replacing`, then start `attempt` (a new flight);
+        /// the caller waits for it. Publish: the phase is `loading`.
+        case start(Attempt, replacing: Bool)
+    }
+
+    /// What to do after ``retry(waiter:operation:now:)``.
+    enum RetryAction {
+        /// Start this attempt now (ending the flight's backoff timer, if any); the caller waits.
+        /// Publish.
+        case start(Attempt)
+        /// Nothing to re-run: return at once.
         case ignore
     }
 
-    /// What to do after ``operationFinished(_:outcome:now:date:)``.
-    enum FinishAction {
-        /// The flight is not the current one: drop the result, change nothing.
+    /// What to do after an attempt ended, timed out, or its backoff ended.
+    enum FlightAction {
+        /// The event is stale (another attempt or flight is current): change nothing.
         case drop
-        /// The attempt failed and will be retried: publish, sleep until `at`, then run the next attempt.
-        case retry(at: Duration)
-        /// The flight settled: publish, then resume `waiters` with `result`.
+        /// The attempt failed and will be retried: publish, then at `at` report
+        /// ``backoffEnded(_:attempt:error:now:date:)`` for `attempt`.
+        case retry(flight: FlightID, attempt: AttemptID, at: Duration)
+        /// Start this attempt now.
+        case start(Attempt)
+        /// The flight settled: end its tasks, publish, then resume `waiters` with `result`.
         case settle(waiters: [WaiterID], result: Result<Value, any Error>)
     }
 
@@ -103,17 +138,17 @@ struct FetchStateMachine<Value: Sendable> {
         /// Resume the waiter with `CancellationError`; the flight goes on for the others (or in the
         /// background).
         case resume(WaiterID)
-        /// Resume the waiter with `CancellationError` and cancel flight `flight`, whose last waiter it
-        /// was. Publish: the phase is back to what it was before the flight.
-        case resumeAndCancelFlight(WaiterID, flight: FlightID)
+        /// Resume the waiter with `CancellationError` and end the flight's tasks: it was the flight's
+        /// last waiter. Publish: the phase is back to what it was before the flight.
+        case resumeAndEndFlight(WaiterID)
     }
 
     /// What to do with a flight that an event ended early.
     enum EndedFlight {
         /// There was no flight.
         case none
-        /// Cancel flight `id`'s operation and resume `waiters` (with what the event says).
-        case cancel(id: FlightID, waiters: [WaiterID])
+        /// End the flight's tasks and resume `waiters` (with what the event says).
+        case end(waiters: [WaiterID])
     }
 
     /// The latest value: kept during loading and after a failure.
@@ -122,18 +157,21 @@ struct FetchStateMachine<Value: Sendable> {
     private(set) var phase: AsyncPhase = .initial
     /// When the current data arrived fresh; `nil` when there is none or it was invalidated or failed.
     private(set) var freshSince: Duration?
+    /// When the current failure settled, while it may still be answered from the negative cache.
+    private(set) var failedAt: Duration?
     /// Whether `value` came from a success or a write (not the initial value): stale-while-revalidate
     /// serves it.
     private(set) var hasData = false
     /// The flight in flight, if any.
     var flight: Flight? { flightBox?.flight }
-    /// Where the flight lives: boxed, so that an idle state does not carry its ~120 bytes inline.
-    /// Copied on write (``mutateFlight(_:)``), so the machine keeps value semantics.
+    /// Where the flight lives: boxed, so that an idle state does not carry it inline. Copied on write
+    /// (``mutateFlight(_:)``), so the machine keeps value semantics.
     private var flightBox: FlightBox?
-    /// Whether an operation has been run, so ``retry(waiter:)`` has something to re-run.
-    private(set) var hasOperation = false
-    /// Bumped by every event that changes the state; flight ids are drawn from it.
-    private(set) var generation: UInt64 = 0
+    /// The last id handed out to a flight or an attempt.
+    private(set) var lastID: UInt64 = 0
+    /// Attempts that timed out and whose operation has not returned yet (it was cancelled, but may
+    /// ignore cancellation).
+    private(set) var abandoned: Set<AttemptID> = []
     /// Failed attempts of the current (or last) fetch; back to zero when a fetch starts or succeeds.
     private(set) var failureCount = 0
     /// The error of the most recent failed attempt, even if a later fetch succeeded.
@@ -145,113 +183,99 @@ struct FetchStateMachine<Value: Sendable> {
 
     /// The value ``reset()`` goes back to.
     let initialValue: Value
-    /// How long data stays fresh; zero or less means never fresh.
-    let expiry: Duration
-    /// Decides whether a successful value is ``AsyncPhase/empty``.
-    let isEmpty: @Sendable (Value) -> Bool
-    /// The retry policy of flights whose caller gave none.
-    let retryPolicy: RetryPolicy
+    /// The policies, normalized.
+    let configuration: StoreConfiguration<Value>
     /// Seeds the jitter of flights whose policy has no seed of its own.
     private var seeds: SplitMix64
 
-    init(
-        initialValue: Value, expiry: Duration, isEmpty: @escaping @Sendable (Value) -> Bool,
-        retryPolicy: RetryPolicy = .never, seed: UInt64 = 0
-    ) {
+    init(initialValue: Value, configuration: StoreConfiguration<Value>, seed: UInt64 = 0) {
         self.value = initialValue
         self.initialValue = initialValue
-        self.expiry = expiry
-        self.isEmpty = isEmpty
-        self.retryPolicy = retryPolicy
+        self.configuration = configuration
         self.seeds = SplitMix64(seed: seed)
     }
 
+    /// How long data stays fresh.
+    var expiry: Duration { configuration.expiry }
+
     // MARK: Queries
 
-    /// Whether the data is fresh at `now`: it arrived less than ``expiry`` ago and was not invalidated.
-    /// `initial` and `failure` are never fresh.
+    /// Whether the data is fresh at `now`: it arrived less than the expiry ago and was not
+    /// invalidated. `initial` and `failure` are never fresh.
     func isFresh(at now: Duration) -> Bool {
-        isWithinExpiry(since: freshSince, at: now, expiry: expiry)
+        isWithinExpiry(since: freshSince, at: now, expiry: configuration.expiry)
     }
 
-    // MARK: Events
+    /// The cached failure, while the failure expiry says to answer with it instead of refetching.
+    func cachedFailure(at now: Duration) -> (any Error)? {
+        guard case .failure(let error) = phase, flight == nil,
+            isWithinExpiry(since: failedAt, at: now, expiry: configuration.failureExpiry)
+        else { return nil }
+        return error
+    }
 
-    /// A caller asks for the value (`fetch`, `value`, `refresh`), with `policy` for a new flight
-    /// (the state's policy when `nil`).
+    /// Whether a caller running one of `callerAttempts` is the current attempt's operation (or a task
+    /// that inherited its context while it still runs): waiting for the flight would wait for itself.
+    func isReentrant(_ callerAttempts: [AttemptID]) -> Bool {
+        guard let flight, flight.retryAt == nil else { return false }
+        return callerAttempts.contains(flight.attempt)
+    }
+
+    // MARK: Events from callers
+
+    /// A caller asks for the value (`fetch`, `value`, `refresh`, `run(every:)`), with `policy` for a
+    /// new flight (the state's policy when `nil`) and `operation` to run if one starts.
+    /// `callerAttempts` are the attempts of this state that the calling task is running (reentrancy).
     mutating func fetch(
-        waiter: WaiterID, mode: FetchMode, now: Duration, policy: RetryPolicy? = nil
+        waiter: WaiterID, mode: FetchMode, now: Duration, policy: RetryPolicy? = nil, operation: Operation,
+        callerAttempts: [AttemptID] = []
     ) -> FetchAction {
-        if mode != .always, isFresh(at: now) { return .returnFresh(value) }
-        if mode == .staleWhileRevalidate, hasData {
-            guard flight == nil else { return .returnStale(value, refreshing: nil) }
-            let id = begin(waiters: [], now: now, policy: policy, keepAlive: true)
-            return .returnStale(value, refreshing: id)
-        }
-        if flight != nil {
-            guard mode == .always else {
-                // In place: binding the flight to a local first would make this append copy every
-                // waiter (copy-on-write), which is quadratic for many joiners.
-                mutateFlight { $0.waiters.append(waiter) }
-                return .join
+        if mode == .ifExpired || mode == .staleWhileRevalidate {
+            if isFresh(at: now) { return .returnValue(value) }
+            if let error = cachedFailure(at: now) {
+                return mode == .staleWhileRevalidate && hasData ? .returnValue(value) : .fail(error)
             }
-            // refresh: a new flight takes over the old one's waiters; the old result will be dropped.
-            let replaced = flight!.id
-            let id = begin(waiters: flight!.waiters + [waiter], now: now, policy: policy, keepAlive: false)
-            return .start(id: id, cancelling: replaced)
         }
-        let id = begin(waiters: [waiter], now: now, policy: policy, keepAlive: false)
-        return .start(id: id, cancelling: nil)
+        if isReentrant(callerAttempts) { return .fail(AsyncStateError.reentrantCall) }
+        if mode == .staleWhileRevalidate, hasData {
+            guard flight == nil else { return .returnValue(value) }
+            guard let attempt = begin(waiters: [], operation: operation, now: now, policy: policy, keepAlive: true)
+            else { return .returnValue(value) }
+            return .returnStaleAndStart(value, attempt)
+        }
+        if flight != nil, mode != .always {
+            // In place: binding the flight to a local first would make this append copy every
+            // waiter (copy-on-write), which is quadratic for many joiners.
+            mutateFlight { $0.waiters.append(waiter) }
+            return .join
+        }
+        // A new flight; `refresh` takes over the old one's waiters, whose result will be dropped.
+        let waiters = (flight?.waiters ?? []) + [waiter]
+        let replacing = flight != nil
+        guard let attempt = begin(waiters: waiters, operation: operation, now: now, policy: policy, keepAlive: false)
+        else { return .fail(AsyncStateError.tooManyAbandonedOperations(limit: AsyncStateLimits.abandonedOperations)) }
+        return .start(attempt, replacing: replacing)
     }
 
-    /// A caller asks to re-run the last operation (`retry`).
-    mutating func retry(waiter: WaiterID, now: Duration = .zero) -> StartAction {
-        guard hasOperation, flight == nil else { return .ignore }
+    /// A caller asks to retry: while a flight waits out a backoff, its next attempt starts now;
+    /// otherwise, when the phase is failure or empty, a new flight runs `operation` (if given),
+    /// bypassing the failure expiry.
+    mutating func retry(waiter: WaiterID, operation: Operation?, now: Duration, callerAttempts: [AttemptID] = [])
+        -> RetryAction
+    {
+        if let current = flight {
+            guard current.retryAt != nil, !isReentrant(callerAttempts) else { return .ignore }
+            mutateFlight { $0.waiters.append(waiter) }
+            return .start(startAttempt(now: now))
+        }
+        guard let operation else { return .ignore }
         switch phase {
         case .failure, .empty: break
         case .initial, .loading, .success: return .ignore
         }
-        return .start(id: begin(waiters: [waiter], now: now, policy: nil, keepAlive: false))
-    }
-
-    /// The periodic refresh is due: re-run the last operation in the background, unless a flight is
-    /// already in flight (no overlapping refreshes) or there is no operation yet.
-    mutating func periodicRefresh(waiter: WaiterID, now: Duration) -> StartAction {
-        guard hasOperation, flight == nil else { return .ignore }
-        return .start(id: begin(waiters: [waiter], now: now, policy: nil, keepAlive: true))
-    }
-
-    /// An attempt of flight `id` ended with `outcome` at `now` (wall date `date`).
-    mutating func operationFinished(_ id: FlightID, outcome: Outcome, now: Duration, date: Date) -> FinishAction {
-        guard var current = flight, current.id == id else { return .drop }
-        bump()
-        switch outcome {
-        case .success(let newValue):
-            setFlight(nil)
-            value = newValue
-            hasData = true
-            phase = isEmpty(newValue) ? .empty : .success(date)
-            freshSince = current.expiresOnArrival ? nil : now
-            failureCount = 0
-            lastSuccess = date
-            successCount += 1
-            return .settle(waiters: current.waiters, result: .success(newValue))
-        case .failure(let error):
-            current.failures += 1
-            failureCount = current.failures
-            lastError = error
-            if let at = retryInstant(for: &current, after: error, now: now) {
-                setFlight(current)
-                return .retry(at: at)
-            }
-            setFlight(nil)
-            phase = .failure(error)
-            freshSince = nil
-            return .settle(waiters: current.waiters, result: .failure(error))
-        case .cancelled:
-            setFlight(nil)
-            phase = current.phaseBefore
-            return .settle(waiters: current.waiters, result: .failure(CancellationError()))
-        }
+        guard let attempt = begin(waiters: [waiter], operation: operation, now: now, policy: nil, keepAlive: false)
+        else { return .ignore }
+        return .start(attempt)
     }
 
     /// The task of waiter `waiter` was cancelled: it stops waiting; the flight is cancelled if it was
@@ -262,8 +286,7 @@ struct FetchStateMachine<Value: Sendable> {
         guard let current = flight, current.waiters.isEmpty, !current.keepAlive else { return .resume(waiter) }
         setFlight(nil)
         phase = current.phaseBefore
-        bump()
-        return .resumeAndCancelFlight(waiter, flight: current.id)
+        return .resumeAndEndFlight(waiter)
     }
 
     /// `cancel()`: cancels the flight outright; its waiters get `CancellationError` and the phase goes
@@ -272,79 +295,205 @@ struct FetchStateMachine<Value: Sendable> {
         guard let current = flight else { return .none }
         setFlight(nil)
         phase = current.phaseBefore
-        bump()
-        return .cancel(id: current.id, waiters: current.waiters)
+        return .end(waiters: current.waiters)
     }
 
-    /// `invalidate()`: the data is expired now, and so will be the result of the flight in flight.
-    /// Publish.
-    mutating func invalidate() {
+    /// `invalidate()`: the data is expired now, and so will be the result of the flight in flight; a
+    /// cached failure is forgotten. Returns whether anything a reader can see changed (publish then):
+    /// only fresh data becoming expired is visible.
+    mutating func invalidate() -> Bool {
+        let visible = freshSince != nil
         freshSince = nil
+        failedAt = nil
         mutateFlight { $0.expiresOnArrival = true }
-        bump()
+        return visible
     }
 
     /// `set(_:)`: a manual (or optimistic) write, fresh from `now`. It wins over the flight in flight:
-    /// that flight is cancelled and its waiters get `newValue`. Publish.
+    /// that flight ends and its waiters get `newValue`. Publish.
     mutating func set(_ newValue: Value, now: Duration, date: Date) -> EndedFlight {
         let ended = endFlight()
         value = newValue
         hasData = true
         phase = isEmpty(newValue) ? .empty : .success(date)
         freshSince = now
+        failedAt = nil
         return ended
     }
 
-    /// `reset()`: back to the initial value and phase, forgetting the last operation and the metadata.
-    /// The flight in flight is cancelled and its waiters get `CancellationError`. Publish.
-    mutating func reset() -> EndedFlight {
+    /// `reset()`: back to the initial value and phase, forgetting the metadata. The flight in flight
+    /// ends and its waiters get `CancellationError`. Returns whether anything a reader can see changed
+    /// (publish then): a reset of a state that is already initial changes nothing.
+    mutating func reset() -> (ended: EndedFlight, changed: Bool) {
+        var isInitial: Bool {
+            if case .initial = phase { return true } else { return false }
+        }
+        let changed =
+            flight != nil || hasData || !isInitial || failureCount != 0 || lastError != nil || lastSuccess != nil
+            || successCount != 0
         let ended = endFlight()
         value = initialValue
         hasData = false
         phase = .initial
         freshSince = nil
-        hasOperation = false
+        failedAt = nil
         failureCount = 0
         lastError = nil
         lastSuccess = nil
         successCount = 0
-        return ended
+        return (ended, changed)
+    }
+
+    // MARK: Events from the flight's tasks
+
+    /// Attempt `attempt` of flight `id` ended with `outcome` at `now` (wall date `date`).
+    mutating func attemptFinished(
+        _ id: FlightID, attempt: AttemptID, outcome: Outcome, now: Duration, date: Date
+    ) -> FlightAction {
+        abandoned.remove(attempt)
+        guard let current = flight, current.id == id, current.attempt == attempt, current.retryAt == nil else {
+            return .drop
+        }
+        switch outcome {
+        case .success(let newValue):
+            setFlight(nil)
+            value = newValue
+            hasData = true
+            phase = isEmpty(newValue) ? .empty : .success(date)
+            freshSince = current.expiresOnArrival ? nil : now
+            failedAt = nil
+            failureCount = 0
+            lastSuccess = date
+            successCount += 1
+            return .settle(waiters: current.waiters, result: .success(newValue))
+        case .failure(let error):
+            return attemptFailed(error, now: now)
+        case .cancelled:
+            return settleCancelled()
+        }
+    }
+
+    /// The current attempt of flight `id` ran past its timeout: it is abandoned (its task is cancelled,
+    /// its late result dropped) and counts as a failure with ``AsyncStateError/timedOut(after:)``.
+    mutating func attemptTimedOut(_ id: FlightID, attempt: AttemptID, now: Duration) -> FlightAction {
+        guard let current = flight, current.id == id, current.attempt == attempt, current.retryAt == nil,
+            let timeout = configuration.timeout
+        else { return .drop }
+        abandoned.insert(attempt)
+        return attemptFailed(AsyncStateError.timedOut(after: timeout), now: now)
+    }
+
+    /// The backoff before attempt `attempt` of flight `id` ended: the attempt starts now. If the
+    /// clock's sleep threw instead (`error`), the flight settles: cancelled for a `CancellationError`,
+    /// failed with `error` otherwise — never left `loading`.
+    mutating func backoffEnded(_ id: FlightID, attempt: AttemptID, error: (any Error)?, now: Duration)
+        -> FlightAction
+    {
+        guard let current = flight, current.id == id, current.attempt == attempt, current.retryAt != nil else {
+            return .drop
+        }
+        switch error {
+        case nil:
+            guard abandoned.count < AsyncStateLimits.abandonedOperations else {
+                return settleFailed(
+                    lastError ?? AsyncStateError.timedOut(after: configuration.timeout ?? .zero), now: now)
+            }
+            return .start(startAttempt(now: now))
+        case is CancellationError:
+            return settleCancelled()
+        case let error?:
+            lastError = error
+            return settleFailed(error, now: now)
+        }
     }
 
     // MARK: Helpers
 
-    /// Starts a flight: the phase becomes `loading` (kept `loading` when it replaces a flight).
+    /// The emptiness test of a successful value.
+    private func isEmpty(_ value: Value) -> Bool { configuration.isEmpty(value) }
+
+    /// Starts a flight running `operation`: the phase becomes `loading` (kept `loading` when it replaces
+    /// a flight). Returns `nil`, starting nothing, while too many abandoned operations still run.
     private mutating func begin(
-        waiters: [WaiterID], now: Duration, policy: RetryPolicy?, keepAlive: Bool
-    ) -> FlightID {
-        let id = bump()
-        let policy = policy ?? retryPolicy
+        waiters: [WaiterID], operation: Operation, now: Duration, policy: RetryPolicy?, keepAlive: Bool
+    ) -> Attempt? {
+        guard abandoned.count < AsyncStateLimits.abandonedOperations else { return nil }
+        let policy = policy ?? configuration.retry
         let phaseBefore = flight?.phaseBefore ?? phase
+        let id = nextID()
         setFlight(
             Flight(
-                id: id, waiters: waiters, phaseBefore: phaseBefore, expiresOnArrival: false, policy: policy,
-                startedAt: now, failures: 0, keepAlive: keepAlive,
-                random: SplitMix64(seed: policy.seed ?? seeds.next())))
+                id: id, operation: operation, attempt: nextID(), retryAt: nil, waiters: waiters,
+                phaseBefore: phaseBefore, expiresOnArrival: false, policy: policy, startedAt: now, failures: 0,
+                keepAlive: keepAlive, random: SplitMix64(seed: policy.seed ?? seeds.next())))
         phase = .loading
-        hasOperation = true
         failureCount = 0
-        return id
+        return attempt(of: flight!, now: now)
+    }
+
+    /// Starts the flight's next attempt now (after a backoff, or on `retry()` during one).
+    private mutating func startAttempt(now: Duration) -> Attempt {
+        let id = nextID()
+        mutateFlight {
+            $0.attempt = id
+            $0.retryAt = nil
+        }
+        return attempt(of: flight!, now: now)
+    }
+
+    /// The current attempt of `flight`, starting at `now`.
+    private func attempt(of flight: Flight, now: Duration) -> Attempt {
+        Attempt(
+            flight: flight.id, id: flight.attempt, operation: flight.operation,
+            timeoutAt: configuration.timeout.map { now.saturatingAdd($0) })
+    }
+
+    /// The current attempt failed with `error`: retry as the policy says, or settle.
+    private mutating func attemptFailed(_ error: any Error, now: Duration) -> FlightAction {
+        var current = flight!
+        current.failures += 1
+        failureCount = current.failures
+        lastError = error
+        guard let at = retryInstant(for: &current, after: error, now: now) else {
+            return settleFailed(error, now: now)
+        }
+        current.attempt = nextID()
+        current.retryAt = at
+        setFlight(current)
+        return .retry(flight: current.id, attempt: current.attempt, at: at)
+    }
+
+    private mutating func settleFailed(_ error: any Error, now: Duration) -> FlightAction {
+        let current = flight!
+        setFlight(nil)
+        phase = .failure(error)
+        freshSince = nil
+        failedAt = configuration.failureExpiry > .zero ? now : nil
+        return .settle(waiters: current.waiters, result: .failure(error))
+    }
+
+    private mutating func settleCancelled() -> FlightAction {
+        let current = flight!
+        setFlight(nil)
+        phase = current.phaseBefore
+        return .settle(waiters: current.waiters, result: .failure(CancellationError()))
     }
 
     /// When the flight's next attempt starts, or `nil` when its policy gives up after this failure.
     private func retryInstant(for flight: inout Flight, after error: any Error, now: Duration) -> Duration? {
         let policy = flight.policy
-        guard flight.failures < policy.maxAttempts, policy.shouldRetry(error) else { return nil }
-        let at = now + policy.delay(beforeRetry: flight.failures, using: &flight.random)
+        guard flight.failures < policy.maxAttempts, policy.shouldRetry(error),
+            abandoned.count < AsyncStateLimits.abandonedOperations
+        else { return nil }
+        let at = now.saturatingAdd(policy.delay(beforeRetry: flight.failures, using: &flight.random))
         if let budget = policy.budget, budget <= .zero || at - flight.startedAt > budget { return nil }
         return at
     }
 
     private mutating func endFlight() -> EndedFlight {
-        bump()
         guard let current = flight else { return .none }
         setFlight(nil)
-        return .cancel(id: current.id, waiters: current.waiters)
+        return .end(waiters: current.waiters)
     }
 
     private mutating func setFlight(_ newFlight: Flight?) {
@@ -364,10 +513,9 @@ struct FetchStateMachine<Value: Sendable> {
         init(_ flight: Flight) { self.flight = flight }
     }
 
-    @discardableResult
-    private mutating func bump() -> UInt64 {
-        generation &+= 1
-        return generation
+    private mutating func nextID() -> UInt64 {
+        lastID &+= 1
+        return lastID
     }
 }
 

@@ -4,21 +4,24 @@ import Foundation
 /// benchmarks package (which cannot see internal types). Not API: it may change at any time.
 @_spi(Benchmarks)
 public struct FetchStateMachineBenchmark {
-    private var machine = FetchStateMachine<Int>(initialValue: 0, expiry: .seconds(120), isEmpty: { $0 == 0 })
+    private var machine = FetchStateMachine<Int, Void>(
+        initialValue: 0, configuration: StoreConfiguration(expiry: .seconds(120), isEmpty: { $0 == 0 }))
     private var now = Duration.zero
     private let date = Date(timeIntervalSinceReferenceDate: 0)
 
     /// Creates a machine at its initial state.
     public init() {}
 
-    /// Four transitions: fetch (start), operation finished (settle), set, invalidate. Returns the
-    /// generation so that the work is observable.
+    /// Four transitions: fetch (start), attempt finished (settle), set, invalidate. Returns the last
+    /// id handed out so that the work is observable.
     public mutating func cycle() -> UInt64 {
         now += .seconds(1)
-        guard case .start(let id, _) = machine.fetch(waiter: 1, mode: .always, now: now) else { return 0 }
-        _ = machine.operationFinished(id, outcome: .success(1), now: now, date: date)
+        guard case .start(let attempt, _) = machine.fetch(waiter: 1, mode: .always, now: now, operation: ()) else {
+            return 0
+        }
+        _ = machine.attemptFinished(attempt.flight, attempt: attempt.id, outcome: .success(1), now: now, date: date)
         _ = machine.set(2, now: now, date: date)
-        machine.invalidate()
-        return machine.generation
+        _ = machine.invalidate()
+        return machine.lastID
     }
 }

@@ -1,29 +1,31 @@
-/// The policies a state is declared with, normalized: bad values already clamped or switched off.
+/// The policies a state is declared with, normalized: durations clamped to
+/// ``AsyncStateLimits/maximumDuration``, meaningless values switched off.
 struct StoreConfiguration<Value: Sendable>: Sendable {
-    /// How long data stays fresh; zero or less means never fresh.
+    /// How long data stays fresh; zero means never fresh.
     var expiry: Duration
+    /// How long a failure is answered from the negative cache; zero means never.
+    var failureExpiry: Duration
     /// Decides whether a successful value is empty.
     var isEmpty: @Sendable (Value) -> Bool
     /// The retry policy of fetches whose caller gives none.
-    var retry: RetryPolicy = .never
+    var retry: RetryPolicy
     /// The longest an attempt may run; `nil` for no limit.
     var timeout: Duration?
     /// Whether `value` serves stale data at once and refreshes it in the background.
-    var staleWhileRevalidate = false
-    /// How long after a fetch settles the next background refresh starts; `nil` for none.
-    var refreshInterval: Duration?
+    var staleWhileRevalidate: Bool
 
-    /// Normalizes: a zero or negative `timeout` or `refreshInterval` means none (documented on
-    /// ``AsyncState``), so neither can fail every attempt at once nor spin.
+    /// Normalizes: every duration is clamped to `0...AsyncStateLimits.maximumDuration`; a zero or
+    /// negative `timeout` means none (documented on ``AsyncState``), so it cannot fail every attempt at
+    /// once.
     init(
-        expiry: Duration, isEmpty: @escaping @Sendable (Value) -> Bool, retry: RetryPolicy = .never,
-        timeout: Duration? = nil, staleWhileRevalidate: Bool = false, refreshInterval: Duration? = nil
+        expiry: Duration, failureExpiry: Duration = .zero, isEmpty: @escaping @Sendable (Value) -> Bool,
+        retry: RetryPolicy = .never, timeout: Duration? = nil, staleWhileRevalidate: Bool = false
     ) {
-        self.expiry = expiry
+        self.expiry = expiry.clampedToLimits
+        self.failureExpiry = failureExpiry.clampedToLimits
         self.isEmpty = isEmpty
         self.retry = retry
-        self.timeout = timeout.flatMap { $0 > .zero ? $0 : nil }
+        self.timeout = timeout.flatMap { $0 > .zero ? $0.clampedToLimits : nil }
         self.staleWhileRevalidate = staleWhileRevalidate
-        self.refreshInterval = refreshInterval.flatMap { $0 > .zero ? $0 : nil }
     }
 }

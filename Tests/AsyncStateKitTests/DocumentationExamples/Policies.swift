@@ -14,9 +14,9 @@ actor QuoteService {
         retry: RetryPolicy
             .exponential(maxAttempts: 4, initial: .seconds(1), cap: .seconds(30), jitter: .full)
             .retrying { ($0 as? QuoteError)?.status != 404 },  // a 404 will not get better
-        timeout: .seconds(5),           // an attempt that hangs fails with AsyncStateError.timedOut
-        staleWhileRevalidate: true,     // expired quotes are served at once while one refresh runs
-        refreshInterval: .seconds(60)   // and refreshed in the background every minute
+        timeout: .seconds(5),           // after 5 s, callers get AsyncStateError.timedOut
+        failureExpiry: .seconds(2),     // a failure is answered from memory for 2 s
+        staleWhileRevalidate: true      // expired quotes are served at once while one refresh runs
     )
     var quotes: [Quote] = []
 
@@ -26,5 +26,10 @@ actor QuoteService {
 
     func currentOrFailFast() async throws -> [Quote] {
         try await $quotes.value(retry: .never) { try await loadQuotes() }  // a per-call override
+    }
+
+    /// Refreshes the quotes every minute until its task is cancelled (say, by a ServiceGroup).
+    func run() async throws {
+        try await $quotes.run(every: .seconds(60)) { try await loadQuotes() }
     }
 }
