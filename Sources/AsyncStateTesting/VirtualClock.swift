@@ -316,7 +316,7 @@ public final class VirtualClock: Clock, SettlingClock, DatedClock, Sendable {
     private func advance(
         to target: Duration, wakeLimit: Int, operation: String, _ location: SourceLocation
     ) async -> Int? {
-        if core.isOnExecutor {
+        if core.isOnExecutor && prefersThisClock {
             report(
                 operation,
                 "called from a task that runs on this clock's executor (one started with task(_:)); it would wait for itself. Drive the clock from the test",
@@ -330,6 +330,17 @@ public final class VirtualClock: Clock, SettlingClock, DatedClock, Sendable {
             report(operation, "woken work did not settle within \(stallTimeout) of real time", location)
             return nil
         }
+    }
+
+    /// Whether the current task was started with ``task(_:)`` (it prefers this clock's executor).
+    ///
+    /// Only such a task would wait for itself by driving the clock. Any other task may find itself
+    /// running on the clock's thread without having asked to: when a task of the clock enters a default
+    /// actor (an operation's `self.load()` in an actor), the runtime runs that actor inline and drains
+    /// the jobs queued on it — the test's own task among them. It leaves the clock's job as soon as it
+    /// suspends, so it may drive the clock.
+    private var prefersThisClock: Bool {
+        withUnsafeCurrentTask { $0?.unownedTaskExecutor == executor.asUnownedTaskExecutor() }
     }
 
     /// Waits for pending work to settle without moving time; `false` after a stall was reported.
