@@ -107,9 +107,12 @@ import Testing
 struct ThrowingClock: Clock {
     struct Broken: Error {}
 
+    /// What every sleep throws.
+    var error: any Error & Sendable = Broken()
+
     var now: ContinuousClock.Instant { .now }
     var minimumResolution: Duration { .zero }
-    func sleep(until deadline: ContinuousClock.Instant, tolerance: Duration?) async throws { throw Broken() }
+    func sleep(until deadline: ContinuousClock.Instant, tolerance: Duration?) async throws { throw error }
 }
 
 @Suite struct StaleWhileRevalidateTests {

@@ -52,7 +52,7 @@ import Testing
                 return (machine, expiry)
             case .invalidated:
                 succeed([1], at: .zero)
-                _ = machine.invalidate()
+                _ = machine.invalidate(now: .zero)
                 return (machine, .seconds(1))
             case .empty:
                 succeed([], at: .zero)
@@ -73,7 +73,7 @@ import Testing
                 return (machine, .seconds(1))
             case .loadingInvalidated:
                 _ = machine.fetch(waiter: 1, mode: .ifExpired, now: .zero, operation: "a")
-                _ = machine.invalidate()
+                _ = machine.invalidate(now: .zero)
                 return (machine, .zero)
             case .backingOff:
                 guard
@@ -166,7 +166,7 @@ import Testing
                 case .resumeAndEndFlight: return "resume+end"
                 }
             case .cancel: return describe(machine.cancel())
-            case .invalidate: return machine.invalidate() ? "publish" : "no-op"
+            case .invalidate: return machine.invalidate(now: now) ? "publish" : "no-op"
             case .set: return describe(machine.set([5], now: now, date: date(now)))
             case .setEmpty: return describe(machine.set([], now: now, date: date(now)))
             case .reset:
@@ -275,7 +275,7 @@ import Testing
             .backoffThrew: "drop → success expired [1]",
             .lastWaiterCancelled: "none → success expired [1]",
             .cancel: "none → success expired [1]",
-            .invalidate: "publish → success expired [1]",
+            .invalidate: "no-op → success expired [1]",
             .set: "none → success fresh [5]",
             .setEmpty: "none → empty fresh []",
             .reset: "none → initial expired []",

@@ -174,7 +174,8 @@ actor AsyncStateStore<Value: Sendable> {
     }
 
     func invalidate() {
-        if machine.invalidate() { publish(at: clock.now()) }
+        let now = clock.now()
+        if machine.invalidate(now: now) { publish(at: now) }
     }
 
     func cancel() {

@@ -40,7 +40,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         var waiters: [WaiterID]
         /// The phase before the flight began, restored if it is cancelled.
         var phaseBefore: AsyncPhase
-        /// Set by ``invalidate()`` during the flight: its result lands already expired.
+        /// Set by ``invalidate(now:)`` during the flight: its result lands already expired.
         var expiresOnArrival: Bool
         /// How failed attempts are retried.
         var policy: RetryPolicy
@@ -300,9 +300,9 @@ struct FetchStateMachine<Value: Sendable, Operation> {
 
     /// `invalidate()`: the data is expired now, and so will be the result of the flight in flight; a
     /// cached failure is forgotten. Returns whether anything a reader can see changed (publish then):
-    /// only fresh data becoming expired is visible.
-    mutating func invalidate() -> Bool {
-        let visible = freshSince != nil
+    /// only data fresh at `now` becoming expired is visible.
+    mutating func invalidate(now: Duration) -> Bool {
+        let visible = isFresh(at: now)
         freshSince = nil
         failedAt = nil
         mutateFlight { $0.expiresOnArrival = true }

@@ -21,7 +21,7 @@ public struct FetchStateMachineBenchmark {
         }
         _ = machine.attemptFinished(attempt.flight, attempt: attempt.id, outcome: .success(1), now: now, date: date)
         _ = machine.set(2, now: now, date: date)
-        _ = machine.invalidate()
+        _ = machine.invalidate(now: now)
         return machine.lastID
     }
 }

@@ -1,0 +1,163 @@
+// These tests run on ContinuousClock and the global concurrent executor on purpose: a real clock
+// converts deadlines (and traps when one does not fit), which VirtualClock never does; and a blocking
+// operation holds a real thread.
+import AsyncStateKit
+import Dispatch
+import Testing
+
+/// Durations no state may trap on, whatever parameter they are given as.
+let extremeDurations: [Duration] = [
+    .seconds(Int64.max),
+    Duration(secondsComponent: Int64.max, attosecondsComponent: 999_999_999_999_999_999),
+    AsyncStateLimits.maximumDuration + .nanoseconds(1),
+    .zero,
+    .nanoseconds(-1),
+    .zero - .seconds(Int64.max),
+    Duration(secondsComponent: Int64.min, attosecondsComponent: 0),
+]
+
+@Suite struct ExtremeDurationTests {
+    @Test(arguments: extremeDurations)
+    func expiryFailureExpiryAndTimeout(_ duration: Duration) async throws {
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: duration, timeout: duration)
+        #expect(try await state.value { 1 } == 1)
+        #expect(state.hasExpired(in: duration) == !(duration > .zero))
+        #expect(state.snapshot.isExpired == !(duration > .zero))
+
+        let failing = AsyncState<Int>(wrappedValue: 0, timeout: duration, failureExpiry: duration)
+        await #expect(throws: SourceDown.self) { try await failing.value { throw SourceDown() } }
+        // Within a positive failure expiry the cached error answers; otherwise the source does.
+        if duration > .zero {
+            await #expect(throws: SourceDown.self) { try await failing.value { 2 } }
+        } else {
+            #expect(try await failing.value { 2 } == 2)
+        }
+    }
+
+    @Test(arguments: extremeDurations)
+    func runEvery(_ interval: Duration) async throws {
+        let state = AsyncState<Int>(wrappedValue: 0)
+        guard interval > .zero else {
+            await #expect(throws: AsyncStateError.invalidInterval(interval)) {
+                try await state.run(every: interval) { 1 }
+            }
+            return
+        }
+        let runner = Task { try await state.run(every: interval) { 1 } }
+        while state.wrappedValue == 0 { try await ContinuousClock().sleep(for: .milliseconds(1)) }
+        runner.cancel()
+        try await runner.value  // it was asleep until a hundred years from now, and returns when cancelled
+    }
+
+    static let backoffs: [RetryPolicy.Backoff] = extremeDurations.flatMap { duration in
+        [
+            .constant(duration),
+            .linear(initial: duration, increment: duration, cap: duration),
+            .linear(initial: .seconds(1), increment: duration, cap: .seconds(Int64.max)),
+            .exponential(initial: duration, multiplier: 1e300, cap: duration),
+            .exponential(initial: .seconds(1), multiplier: .infinity, cap: duration),
+            .exponential(initial: duration, multiplier: .nan, cap: .seconds(Int64.max)),
+        ]
+    }
+
+    @Test func everyBackoffDelayIsWithinTheLimits() {
+        for backoff in Self.backoffs {
+            for retry in [Int.min, 0, 1, 2, 63, 64, 1_000, Int.max] {
+                let delay = backoff.delay(beforeRetry: retry)
+                #expect(delay >= .zero && delay <= AsyncStateLimits.maximumDuration, "\(backoff) \(retry): \(delay)")
+            }
+        }
+        // `.linear` caps before it can overflow: a million steps of a day is the cap, not a trap.
+        let linear = RetryPolicy.Backoff.linear(initial: .seconds(1), increment: .seconds(86_400), cap: .seconds(60))
+        #expect(linear.delay(beforeRetry: 1_000_000) == .seconds(60))
+        #expect(linear.delay(beforeRetry: 1) == .seconds(1))
+    }
+
+    @Test(arguments: [RetryPolicy.Jitter.none, .full, .equal])
+    func backoffsAndJitterOnTheRealClock(_ jitter: RetryPolicy.Jitter) async throws {
+        for backoff in Self.backoffs {
+            let policy = RetryPolicy(maxAttempts: 2, backoff: backoff, jitter: jitter)
+            let state = AsyncState<Int>(wrappedValue: 0, retry: policy)
+            let attempts = LockedValue(0)
+            let caller = Task {
+                try await state.value {
+                    guard
+                        attempts.withLock({
+                            $0 += 1
+                            return $0
+                        }) > 1
+                    else { throw SourceDown() }
+                    return 2
+                }
+            }
+            // The first attempt fails; the retry may be a hundred years away: once the state waits
+            // for it (or has already run it), start it now.
+            while attempts.withLock({ $0 }) == 0 || (state.phase.isLoading && state.snapshot.failureCount == 0) {
+                try await ContinuousClock().sleep(for: .milliseconds(1))
+            }
+            await state.retry()
+            #expect(try await caller.value == 2, "\(backoff)")
+        }
+    }
+
+    @Test(arguments: extremeDurations)
+    func budgets(_ budget: Duration) async throws {
+        let policy = RetryPolicy(maxAttempts: 2, backoff: .constant(.zero), budget: budget)
+        let state = AsyncState<Int>(wrappedValue: 0, retry: policy)
+        let attempts = LockedValue(0)
+        let load: @Sendable () async throws -> Int = {
+            guard
+                attempts.withLock({
+                    $0 += 1
+                    return $0
+                }) > 1
+            else { throw SourceDown() }
+            return 2
+        }
+        if budget > .zero {
+            #expect(try await state.value(load) == 2)
+        } else {
+            await #expect(throws: SourceDown.self) { try await state.value(load) }  // no budget: no retry
+        }
+    }
+}
+
+@Suite struct TimeoutBoundsTheWaitTests {
+    @Test func aBlockingOperationThatIgnoresCancellationReleasesItsCallersAtTheDeadline() async throws {
+        let state = AsyncState<Int>(wrappedValue: 0, timeout: .milliseconds(100))
+        let release = DispatchSemaphore(value: 0)
+        let sawCancellation = LockedValue<Bool?>(nil)
+        let blocking: @Sendable () async throws -> Int = {
+            _ = release.wait(timeout: .now() + .seconds(10))  // a blocking call: no cancellation point
+            sawCancellation.withLock { $0 = Task.isCancelled }
+            return 1
+        }
+        let start = ContinuousClock.now
+        let callers = (0..<5).map { _ in Task { try await state.value(blocking) } }
+        for caller in callers {
+            await #expect(throws: AsyncStateError.timedOut(after: .milliseconds(100))) { try await caller.value }
+        }
+        let waited = start.duration(to: .now)
+        #expect(waited < .seconds(1), "released after \(waited)")
+        #expect(state.phase.error as? AsyncStateError == .timedOut(after: .milliseconds(100)))
+
+        release.signal()  // the abandoned operation returns late: cancelled, and its result dropped
+        while sawCancellation.withLock({ $0 }) == nil { try await ContinuousClock().sleep(for: .milliseconds(1)) }
+        #expect(sawCancellation.withLock { $0 } == true)
+        try await ContinuousClock().sleep(for: .milliseconds(20))
+        #expect(state.wrappedValue == 0)
+        #expect(state.phase.error != nil)
+    }
+
+    @Test func anOperationThatNeverResumesReleasesItsCallersAtTheDeadline() async throws {
+        let state = AsyncState<Int>(wrappedValue: 0, timeout: .milliseconds(50))
+        let parked = LockedValue<[CheckedContinuation<Int, Never>]>([])
+        // A continuation without a cancellation handler: cancelling its task does nothing.
+        let hanging: @Sendable () async throws -> Int = {
+            await withCheckedContinuation { continuation in parked.withLock { $0.append(continuation) } }
+        }
+        await #expect(throws: AsyncStateError.timedOut(after: .milliseconds(50))) { try await state.value(hanging) }
+        for continuation in parked.withLock({ $0 }) { continuation.resume(returning: 1) }
+        #expect(state.wrappedValue == 0)
+    }
+}
