@@ -124,7 +124,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
 
     /// Creates a state holding a collection; an empty collection is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:isEmpty:)-31ovu``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:isEmpty:)-4kqee``;
     /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
     public init(
         wrappedValue: Value,
@@ -143,7 +143,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
 
     /// Creates a state holding an optional; `nil` is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:isEmpty:)-31ovu``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:isEmpty:)-4kqee``;
     /// `isEmpty` overrides `== nil` as the emptiness test.
     public init<Wrapped: Sendable>(
         wrappedValue: Value,
@@ -359,7 +359,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         _ = try? await store.enter { $0.set(value) }
     }
 
-    /// Goes back to the initial value and ``AsyncPhase/initial``, forgetting the last operation. A
+    /// Goes back to the initial value and ``AsyncPhase/initial``, forgetting the metadata. A
     /// fetch in flight is cancelled and its callers get `CancellationError`.
     public nonisolated(nonsending) func reset() async {
         _ = try? await store.enter { $0.reset() }
