@@ -250,7 +250,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
             return .join
         }
         // A new flight; `refresh` takes over the old one's waiters, whose result will be dropped.
-        let waiters = (flight?.waiters ?? []) + [waiter]
+        let waiters = flight.map { $0.waiters + [waiter] } ?? [waiter]
         let replacing = flight != nil
         guard let attempt = begin(waiters: waiters, operation: operation, now: now, policy: policy, keepAlive: false)
         else { return .fail(AsyncStateError.tooManyAbandonedOperations(limit: AsyncStateLimits.abandonedOperations)) }
