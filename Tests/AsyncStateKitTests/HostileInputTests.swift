@@ -78,18 +78,8 @@ let extremeDurations: [Duration] = [
         for backoff in Self.backoffs {
             let policy = RetryPolicy(maxAttempts: 2, backoff: backoff, jitter: jitter)
             let state = AsyncState<Int>(wrappedValue: 0, retry: policy)
-            let attempts = LockedValue(0)
-            let caller = Task {
-                try await state.value {
-                    guard
-                        attempts.withLock({
-                            $0 += 1
-                            return $0
-                        }) > 1
-                    else { throw SourceDown() }
-                    return 2
-                }
-            }
+            let (attempts, load) = failingOnce()
+            let caller = Task { try await state.value(load) }
             // The first attempt fails; the retry may be a hundred years away: once the state waits
             // for it (or has already run it), start it now.
             while attempts.withLock({ $0 }) == 0 || (state.phase.isLoading && state.snapshot.failureCount == 0) {
@@ -104,22 +94,29 @@ let extremeDurations: [Duration] = [
     func budgets(_ budget: Duration) async throws {
         let policy = RetryPolicy(maxAttempts: 2, backoff: .constant(.zero), budget: budget)
         let state = AsyncState<Int>(wrappedValue: 0, retry: policy)
-        let attempts = LockedValue(0)
-        let load: @Sendable () async throws -> Int = {
-            guard
-                attempts.withLock({
-                    $0 += 1
-                    return $0
-                }) > 1
-            else { throw SourceDown() }
-            return 2
-        }
+        let (_, load) = failingOnce()
         if budget > .zero {
             #expect(try await state.value(load) == 2)
         } else {
             await #expect(throws: SourceDown.self) { try await state.value(load) }  // no budget: no retry
         }
     }
+}
+
+/// An operation that fails its first attempt and returns 2 from then on, and its count of attempts.
+func failingOnce() -> (attempts: LockedValue<Int>, operation: @Sendable () async throws -> Int) {
+    let attempts = LockedValue(0)
+    return (
+        attempts,
+        {
+            let attempt = attempts.withLock {
+                $0 += 1
+                return $0
+            }
+            guard attempt > 1 else { throw SourceDown() }
+            return 2
+        }
+    )
 }
 
 @Suite struct TimeoutBoundsTheWaitTests {
