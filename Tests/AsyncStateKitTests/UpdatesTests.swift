@@ -1,6 +1,7 @@
-import AsyncStateKit
 import AsyncStateTesting
 import Testing
+
+@testable import AsyncStateKit
 
 @Suite struct UpdatesTests {
     static func describe(_ snapshot: AsyncSnapshot<Int>) -> String {
@@ -82,6 +83,41 @@ import Testing
         await state?.set(1)
         state = nil
         #expect(try await consumer.value == 2)
+    }
+}
+
+@Suite struct SubscriberListTests {
+    @Test func aSubscriberLeavesTheListWhenItEndsNotAtTheNextPublish() async throws {
+        let state = AsyncState<Int>(wrappedValue: 0, clock: VirtualClock())
+        let consumer = Task {
+            var seen = 0
+            for await _ in state.updates { seen += 1 }
+            return seen
+        }
+        while state.store.cell.subscriberCount == 0 { await Task.yield() }
+        consumer.cancel()
+        #expect(await consumer.value >= 1)
+        #expect(state.store.cell.subscriberCount == 0)  // no publish happened in between
+
+        do { _ = state.updates }  // a stream dropped unread ends too
+        #expect(state.store.cell.subscriberCount == 0)
+    }
+
+    @Test func aThousandSubscribersEachGetEveryTransitionInOrder() async throws {
+        let state = AsyncState<Int>(wrappedValue: 0, clock: VirtualClock())
+        var streams = (0..<1_000).map { _ in state.updates }
+        for value in 1...5 { await state.set(value) }
+        for stream in streams {
+            var values: [Int] = []
+            for await snapshot in stream {
+                values.append(snapshot.value)
+                if values.count == 6 { break }
+            }
+            #expect(values == [0, 1, 2, 3, 4, 5])
+        }
+        #expect(state.store.cell.subscriberCount == 1_000)  // the streams are still held
+        streams = []
+        #expect(state.store.cell.subscriberCount == 0)  // each left when its stream was dropped
     }
 }
 

@@ -167,6 +167,28 @@ let benchmarks: @Sendable () -> Void = {
         }
     }
 
+    // MARK: Publishing a transition to subscribers
+
+    // A `set` publishes one snapshot to every `updates` subscriber. These subscribers never read, so
+    // each stream's buffer stays full (the newest 64) and a publication only replaces its oldest
+    // entry: no allocation per subscriber. The readers' lock is held for a copy, not for the sends.
+    for subscribers in [0, 1_000] {
+        Benchmark(
+            "Updates:set-with-\(subscribers)-subscribers\(subscribers == 0 ? "(baseline)" : "")",
+            configuration: .init(
+                metrics: [.wallClock, .mallocCountTotal], scalingFactor: .one, maxDuration: .seconds(2),
+                maxIterations: 1_000, thresholds: [.mallocCountTotal: .init(absolute: [.p90: 0])])
+        ) { benchmark in
+            let state = AsyncState<Int>(wrappedValue: 0)
+            let streams = (0..<subscribers).map { _ in state.updates }
+            for value in 0..<100 { await state.set(value) }  // fill every buffer
+            benchmark.startMeasurement()
+            for value in benchmark.scaledIterations { await state.set(value) }
+            benchmark.stopMeasurement()
+            blackHole(streams)
+        }
+    }
+
     // MARK: The state machine alone
 
     Benchmark(

@@ -32,8 +32,8 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     }
 
     deinit {
-        // The store is gone: nothing will change again, so every stream ends. Finishing runs no code
-        // of ours (no onTermination handlers are installed).
+        // The store is gone: nothing will change again, so every stream ends. Finishing runs the
+        // streams' termination handlers, which find `self` gone and do nothing; the lock is not held.
         let subscribers = contents.withLock { $0.subscribers }
         for continuation in subscribers.values { continuation.finish() }
     }
@@ -60,32 +60,47 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     }
 
     /// Publishes a transition: stores it and sends it to every subscriber.
+    ///
+    /// Only the store publishes, one transition at a time (it is an actor), so every subscriber gets
+    /// the transitions in order. The lock that readers take is held only to store the snapshot and
+    /// copy the subscriber list (a reference count); the snapshots are sent after it is released. A
+    /// subscriber that arrives in between starts with the new snapshot and is not in the copy, so it
+    /// gets it exactly once.
     func publish(_ snapshot: AsyncSnapshot<Value>, freshSince: Duration?) {
-        contents.withLock { contents in
+        let subscribers = contents.withLock { contents in
             contents.snapshot = snapshot
             contents.freshSince = freshSince
-            // Yielding under the lock keeps every subscriber's order equal to the publication order,
-            // also against a subscription made concurrently. `yield` never blocks and runs none of our
-            // code (a consumer is resumed by enqueueing it); subscribers that ended are dropped here
-            // rather than from an `onTermination` handler, which would take this lock from inside the
-            // stream's own machinery.
-            for (id, continuation) in contents.subscribers {
-                if case .terminated = continuation.yield(snapshot) { contents.subscribers[id] = nil }
-            }
+            return contents.subscribers
         }
+        // `yield` never blocks and runs none of our code: a waiting consumer is resumed by enqueueing it.
+        for continuation in subscribers.values { continuation.yield(snapshot) }
     }
 
-    /// A new stream that starts with the current snapshot (expired or not at `now`).
+    /// A new stream that starts with the current snapshot (expired or not at `now`). It leaves the
+    /// subscriber list as soon as it ends (its consumer stopped or was cancelled).
     func subscribe(at now: Duration) -> AsyncStream<AsyncSnapshot<Value>> {
         let (stream, continuation) = AsyncStream.makeStream(
             of: AsyncSnapshot<Value>.self, bufferingPolicy: .bufferingNewest(Self.subscriberBuffer))
-        contents.withLock { contents in
-            continuation.yield(contents.snapshot(at: now, expiry: expiry))
+        let id = contents.withLock { contents in
             contents.nextSubscriber &+= 1
-            contents.subscribers[contents.nextSubscriber] = continuation
+            return contents.nextSubscriber
+        }
+        // Runs outside this lock: when the consumer ends, on its own thread; on `finish()`, which the
+        // deinit calls after releasing the lock (and then `self` is already gone).
+        continuation.onTermination = { [weak self] _ in
+            _ = self?.contents.withLock { $0.subscribers.removeValue(forKey: id) }
+        }
+        contents.withLock { contents in
+            // Under the lock, so that no publication falls between the first snapshot and the
+            // registration.
+            continuation.yield(contents.snapshot(at: now, expiry: expiry))
+            contents.subscribers[id] = continuation
         }
         return stream
     }
+
+    /// The number of subscribers whose streams have not ended (for tests).
+    var subscriberCount: Int { contents.withLock { $0.subscribers.count } }
 
     /// Runs `body` on the waiter slots, under the lock (for ``WaiterTable``).
     func withWaiterSlots<Result>(_ body: (inout [UInt64: WaiterSlot<Value>]) -> Result) -> Result {
