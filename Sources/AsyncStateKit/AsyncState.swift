@@ -246,8 +246,9 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///   - operation: Fetches the value.
     /// - Throws: The operation's error when the fetch fails (after its retries), or the cached one
     ///   within the failure expiry; ``AsyncStateError/timedOut(after:)`` when it timed out;
-    ///   ``AsyncStateError/tooManyAbandonedOperations(limit:)`` when timed-out operations pile up; `CancellationError` when the caller's
-    ///   task is cancelled or the fetch is cancelled (``cancel()``, ``reset()``);
+    ///   ``AsyncStateError/tooManyAbandonedOperations(limit:)`` when timed-out operations pile up;
+    ///   `CancellationError` when the caller's task is cancelled or the fetch is cancelled
+    ///   (``cancel()``, ``reset()``);
     ///   ``AsyncStateError/reentrantCall`` when called from inside this state's own operation.
     @inlinable
     public nonisolated(nonsending) func value(retry: RetryPolicy? = nil, _ operation: @escaping Operation)
@@ -256,6 +257,32 @@ public struct AsyncState<Value: Sendable>: Sendable {
         // The hit path is inlined into the caller (and specialized there): a lock and a clock read.
         if let fresh = store.cell.freshValue(at: store.clock.now()) { return fresh }
         return try await fetchFromStore(operation, retry: retry, servesStale: true)
+    }
+
+    /// Returns the value like ``value(retry:_:)``, passing `context` to an operation that captures
+    /// nothing, so that a hit allocates nothing whatever the operation needs.
+    ///
+    /// A closure that captures values (`{ try await db.profile(id) }`) has its captures boxed on the
+    /// heap each time it is formed — on every call, even when the data is fresh and the closure never
+    /// runs. Pass them as `context` instead; the operation is formed only when the state must fetch:
+    ///
+    /// ```swift
+    /// let profile = try await $profile.value(using: (db, id)) { try await $0.0.profile($0.1) }
+    /// ```
+    ///
+    /// - Parameters:
+    ///   - context: What the operation needs (a client, a key, a tuple of them). On a miss it is kept
+    ///     with the operation while the fetch is in flight.
+    ///   - retry: The retry policy for a fetch this call starts; `nil` for the state's.
+    ///   - operation: Fetches the value from `context`. It should capture nothing.
+    /// - Throws: What ``value(retry:_:)`` throws.
+    @inlinable
+    public nonisolated(nonsending) func value<Context: Sendable>(
+        using context: Context, retry: RetryPolicy? = nil,
+        _ operation: @escaping @Sendable (Context) async throws -> Value
+    ) async throws -> Value {
+        if let fresh = store.cell.freshValue(at: store.clock.now()) { return fresh }
+        return try await fetchFromStore({ try await operation(context) }, retry: retry, servesStale: true)
     }
 
     /// The miss path of ``value(retry:_:)`` and ``fetch(retry:_:)``: asks the store, on its actor.

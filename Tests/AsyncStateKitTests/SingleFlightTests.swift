@@ -234,3 +234,41 @@ import Testing
         #expect(state.phase.name == "success")
     }
 }
+
+@Suite struct ValueUsingContextTests {
+    /// A client the operation needs, with a count of its calls.
+    final class Client: Sendable {
+        let calls = LockedValue(0)
+        func number(_ key: Int) async throws -> Int {
+            calls.withLock { $0 += 1 }
+            return key * 10
+        }
+    }
+
+    @Test func theOperationGetsTheContextOnAMissAndDoesNotRunOnAHit() async throws {
+        let clock = VirtualClock()
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(10), clock: clock)
+        let client = Client()
+        #expect(try await state.value(using: (client, 4)) { try await $0.0.number($0.1) } == 40)
+        #expect(try await state.value(using: (client, 5)) { try await $0.0.number($0.1) } == 40)  // fresh
+        #expect(client.calls.withLock { $0 } == 1)
+        await clock.advance(by: .seconds(10))
+        #expect(try await state.value(using: (client, 6)) { try await $0.0.number($0.1) } == 60)
+        #expect(client.calls.withLock { $0 } == 2)
+    }
+
+    @Test func itSharesSingleFlightAndErrorsWithValue() async throws {
+        let clock = VirtualClock()
+        let state = AsyncState<Int>(wrappedValue: 0, clock: clock)
+        let source = Source<Int>()
+        let load = source.operation(on: clock, value: 3)
+        let first = clock.task { try await state.value(load) }
+        let second = clock.task { try await state.value(using: 99) { _ in 99 } }  // joins: its operation never runs
+        await clock.advance(by: .seconds(1))
+        #expect(try await first.value == 3)
+        #expect(try await second.value == 3)
+        #expect(source.runs == 1)
+        await state.invalidate()
+        await #expect(throws: SourceDown.self) { try await state.value(using: SourceDown()) { throw $0 } }
+    }
+}
