@@ -239,7 +239,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         if isReentrant(callerAttempts) { return .fail(AsyncStateError.reentrantCall) }
         if mode == .staleWhileRevalidate, hasData {
             guard flight == nil else { return .returnValue(value) }
-            guard let attempt = begin(waiters: [], operation: operation, now: now, policy: policy, keepAlive: true)
+            guard let attempt = begin(waiter: nil, operation: operation, now: now, policy: policy, keepAlive: true)
             else { return .returnValue(value) }
             return .returnStaleAndStart(value, attempt)
         }
@@ -250,9 +250,8 @@ struct FetchStateMachine<Value: Sendable, Operation> {
             return .join
         }
         // A new flight; `refresh` takes over the old one's waiters, whose result will be dropped.
-        let waiters = flight.map { $0.waiters + [waiter] } ?? [waiter]
         let replacing = flight != nil
-        guard let attempt = begin(waiters: waiters, operation: operation, now: now, policy: policy, keepAlive: false)
+        guard let attempt = begin(waiter: waiter, operation: operation, now: now, policy: policy, keepAlive: false)
         else { return .fail(AsyncStateError.tooManyAbandonedOperations(limit: AsyncStateLimits.abandonedOperations)) }
         return .start(attempt, replacing: replacing)
     }
@@ -273,7 +272,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         case .failure, .empty: break
         case .initial, .loading, .success: return .ignore
         }
-        guard let attempt = begin(waiters: [waiter], operation: operation, now: now, policy: nil, keepAlive: false)
+        guard let attempt = begin(waiter: waiter, operation: operation, now: now, policy: nil, keepAlive: false)
         else { return .ignore }
         return .start(attempt)
     }
@@ -412,23 +411,34 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     /// The emptiness test of a successful value.
     private func isEmpty(_ value: Value) -> Bool { configuration.isEmpty(value) }
 
-    /// Starts a flight running `operation`: the phase becomes `loading` (kept `loading` when it replaces
-    /// a flight). Returns `nil`, starting nothing, while too many abandoned operations still run.
+    /// Starts a flight running `operation`, with `waiter` waiting for it (none for a background
+    /// flight): the phase becomes `loading`. A flight in flight is replaced in place — the new one takes
+    /// over its waiters (without copying them) and the phase it restores if cancelled. Returns `nil`,
+    /// starting nothing, while too many abandoned operations still run.
     private mutating func begin(
-        waiters: [WaiterID], operation: Operation, now: Duration, policy: RetryPolicy?, keepAlive: Bool
+        waiter: WaiterID?, operation: Operation, now: Duration, policy: RetryPolicy?, keepAlive: Bool
     ) -> Attempt? {
         guard abandoned.count < AsyncStateLimits.abandonedOperations else { return nil }
         let policy = policy ?? configuration.retry
-        let phaseBefore = flight?.phaseBefore ?? phase
-        let id = nextID()
-        setFlight(
-            Flight(
-                id: id, operation: operation, attempt: nextID(), retryAt: nil, waiters: waiters,
-                phaseBefore: phaseBefore, expiresOnArrival: false, policy: policy, startedAt: now, failures: 0,
-                keepAlive: keepAlive, random: SplitMix64(seed: policy.seed ?? seeds.next())))
+        let (id, attempt) = (nextID(), nextID())
+        let random = SplitMix64(seed: policy.seed ?? seeds.next())
+        if flight == nil {
+            setFlight(
+                Flight(
+                    id: id, operation: operation, attempt: attempt, retryAt: nil, waiters: waiter.map { [$0] } ?? [],
+                    phaseBefore: phase, expiresOnArrival: false, policy: policy, startedAt: now, failures: 0,
+                    keepAlive: keepAlive, random: random))
+        } else {
+            mutateFlight { flight in
+                (flight.id, flight.operation, flight.attempt, flight.retryAt) = (id, operation, attempt, nil)
+                (flight.expiresOnArrival, flight.policy, flight.startedAt, flight.failures) = (false, policy, now, 0)
+                (flight.keepAlive, flight.random) = (keepAlive, random)
+                if let waiter { flight.waiters.append(waiter) }
+            }
+        }
         phase = .loading
         failureCount = 0
-        return attempt(of: flight!, now: now)
+        return self.attempt(of: flight!, now: now)
     }
 
     /// Starts the flight's next attempt now (after a backoff, or on `retry()` during one).
