@@ -169,9 +169,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         let configuration = StoreConfiguration(
             expiry: expiry, failureExpiry: failureExpiry, isEmpty: isEmpty, retry: retry, timeout: timeout,
             staleWhileRevalidate: staleWhileRevalidate)
-        store = AsyncStateStore(
-            initialValue: initialValue, configuration: configuration, clock: StoreClock(clock),
-            serialExecutor: clock.settlingSerialExecutor)
+        store = AsyncStateStore(initialValue: initialValue, configuration: configuration, clock: StoreClock(clock))
     }
 
     // MARK: Reading
@@ -285,7 +283,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         return try await fetchFromStore({ try await operation(context) }, retry: retry, servesStale: true)
     }
 
-    /// The miss path of ``value(retry:_:)`` and ``fetch(retry:_:)``: asks the store, on its actor.
+    /// The miss path of ``value(retry:_:)`` and ``fetch(retry:_:)``: asks the store.
     /// `servesStale`: whether stale data may be answered at once (with `staleWhileRevalidate`).
     @usableFromInline
     nonisolated(nonsending) func fetchFromStore(
@@ -370,25 +368,25 @@ public struct AsyncState<Value: Sendable>: Sendable {
     /// Marks the data expired: the next ``fetch(retry:_:)`` goes to the source. A fetch in flight still
     /// completes, but its result lands already expired.
     public nonisolated(nonsending) func invalidate() async {
-        _ = try? await store.enter { $0.invalidate() }
+        store.invalidate()
     }
 
     /// Cancels the fetch in flight, if any: its callers get `CancellationError`, the phase goes back to
     /// what it was before the fetch, and the value is untouched.
     public nonisolated(nonsending) func cancel() async {
-        _ = try? await store.enter { $0.cancel() }
+        store.cancel()
     }
 
     /// Writes a value (a manual or optimistic update), fresh from now: the phase becomes
     /// ``AsyncPhase/success(_:)`` (or ``AsyncPhase/empty``). A fetch in flight is cancelled and its
     /// callers get this value; its result never overwrites it.
     public nonisolated(nonsending) func set(_ value: Value) async {
-        _ = try? await store.enter { $0.set(value) }
+        store.set(value)
     }
 
     /// Goes back to the initial value and ``AsyncPhase/initial``, forgetting the metadata. A
     /// fetch in flight is cancelled and its callers get `CancellationError`.
     public nonisolated(nonsending) func reset() async {
-        _ = try? await store.enter { $0.reset() }
+        store.reset()
     }
 }

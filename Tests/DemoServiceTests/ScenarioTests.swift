@@ -29,12 +29,13 @@ import Testing
         // (milliseconds since the start, state, phase): what DESIGN.md's semantics predict.
         let expected: [(Int, String, String)] = [
             (0, "writer", "wrote settings.json v1"),
-            // Five concurrent handlers: one load of each source.
+            // Five concurrent handlers, each asking for the three values in turn: one load of each
+            // source (the local sources answer at once; the upstream takes 0.4 s).
             (0, "load", "loading"),
-            (0, "settings", "loading"),
-            (0, "quote", "loading"),
             (0, "load", "success  load 0.52 0.58 0.59, 1/389 runnable"),
+            (0, "settings", "loading"),
             (0, "settings", "success  v1 \"hello\""),
+            (0, "quote", "loading"),
             // The upstream fails twice; retries wait 0.5 s, then 1 s; the phase stays loading.
             (400, "quote", "loading  attempt 1 \(retrying)"),
             (1300, "quote", "loading  attempt 2 \(retrying)"),
@@ -47,8 +48,8 @@ import Testing
             (3500, "watcher", "settings.json changed: invalidate"),
             (3500, "settings", "stale    invalidated; the next request reads it again"),
             (4000, "load", "loading"),
-            (4000, "settings", "loading"),
             (4000, "load", "success  load 0.74 0.63 0.60, 3/390 runnable"),
+            (4000, "settings", "loading"),
             (4000, "settings", "success  v2 \"hello again\""),
             (6000, "load", "loading"),
             (6000, "load", "success  load 0.70 0.63 0.60, 1/388 runnable"),
@@ -57,8 +58,8 @@ import Testing
             (6500, "settings", "stale    invalidated; the next request reads it again"),
             // The quote, 4.3 s old, has expired (4 s): the second fetch fails all three attempts.
             (7000, "settings", "loading"),
-            (7000, "quote", "loading"),
             (7000, "settings", "success  v3 \"goodbye\""),
+            (7000, "quote", "loading"),
             (7400, "quote", "loading  attempt 1 \(retrying)"),
             (8000, "load", "loading"),
             (8000, "load", "success  load 0.66 0.62 0.60, 1/389 runnable"),

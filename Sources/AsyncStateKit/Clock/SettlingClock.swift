@@ -22,8 +22,9 @@
 /// ```
 ///
 /// Real clocks (`ContinuousClock`, `SuspendingClock`) do not conform; for them there is nothing to
-/// settle. `@AsyncState` does all of this for its own store and tasks, which is why a test can assert on
-/// a state right after advancing a virtual clock.
+/// settle. `@AsyncState` starts all its tasks with the clock's task executor (its store has no actor:
+/// every event runs under a lock inside a job the clock already counts), which is why a test can assert
+/// on a state right after advancing a virtual clock.
 public protocol SettlingClock: Clock {
     /// The executor that tasks started on behalf of this clock should prefer, so that the clock can
     /// count their work and wait for it to settle.
@@ -41,8 +42,4 @@ extension Clock {
         (self as? any SettlingClock)?.taskExecutor
     }
 
-    /// The serial executor for actors driven by this clock, when it is a ``SettlingClock``.
-    package var settlingSerialExecutor: (any SerialExecutor)? {
-        (self as? any SettlingClock)?.serialExecutor
-    }
 }

@@ -1,22 +1,3 @@
-import Foundation
-import Synchronization
-
-/// Default actors whose executors stores share when their clock does not settle.
-///
-/// A store needs a serial executor of its own only under a settling clock; otherwise any default
-/// actor's will do. Owning one per state would cost ~140 bytes each, so states take one of a fixed
-/// pool in turn: stores sharing a host serialize only their short actor turns (microseconds; never
-/// their operations, which run in their own tasks), and there are many more hosts than cores.
-private actor ExecutorHost {
-    static let pool: [ExecutorHost] = (0..<64).map { _ in ExecutorHost() }
-    private static let next = Atomic<Int>(0)
-
-    /// The next host of the pool, in turn.
-    static func take() -> ExecutorHost {
-        pool[next.add(1, ordering: .relaxed).oldValue & (pool.count - 1)]
-    }
-}
-
 /// The attempts the current task is running (directly, through nested states, or because it
 /// inherited the context of a task that does), so that the machine can refuse a call that would wait
 /// for its own result. Only an attempt that is still current counts, so a task an operation started
@@ -31,288 +12,327 @@ enum OperationContext {
     @TaskLocal static var running: [Entry] = []
 }
 
-/// The actor shell of an ``AsyncState``: it feeds events to a ``FetchStateMachine`` and performs the
-/// actions — starts and cancels the attempts' tasks, sleeps out backoffs and timeouts, resumes
-/// waiters, publishes snapshots. It decides nothing itself.
+/// The shell of an ``AsyncState``: it feeds events to a ``FetchStateMachine`` under its lock and
+/// performs the actions — starts and cancels the attempts' tasks, sleeps out backoffs and timeouts,
+/// resumes waiters, publishes snapshots. It decides nothing itself.
 ///
-/// Under a settling clock (`VirtualClock`) the actor runs on the clock's serial executor and its tasks
-/// prefer the clock's task executor, so every job of the store is counted by the clock's settling.
-/// Otherwise it shares the executor of a default actor from a small pool (see `ExecutorHost`).
+/// No actor and no task per event (the shape of swift-async-algorithms' channel): every event — a
+/// caller's request, a waiter's cancellation, an attempt's end, a timer — runs the machine under one
+/// lock on the thread that brings it, and what must not happen under a lock (cancelling a task, which
+/// runs its cancellation handlers; resuming a waiter) happens right after the lock is released. So a
+/// cancelled waiter leaves in O(1) without a hop, and under a `VirtualClock` every event runs inside a
+/// job the clock already counts (the store's own tasks prefer the clock's executor).
+///
+/// Lock order: this store's lock, then its ``SnapshotCell``'s (to publish or to announce a waiter),
+/// never the reverse.
 ///
 /// Lifetime: the store keeps an operation only inside the machine's flight, and its tasks only while
 /// that flight runs. Each task holds the store until it ends (so a state dropped mid-flight settles
 /// and is then freed); nothing outlives the flight except an attempt abandoned by its timeout, which
 /// holds the store until its operation returns.
 @usableFromInline
-actor AsyncStateStore<Value: Sendable> {
+final class AsyncStateStore<Value: Sendable>: Sendable {
     typealias Operation = @Sendable () async throws -> Value
     typealias Machine = FetchStateMachine<Value, Operation>
 
-    /// The actor's executor: the settling clock's serial executor (kept alive by the clock, which
-    /// ``clock`` keeps alive), or a pooled default actor's (kept alive by the pool).
-    @usableFromInline nonisolated let unownedExecutor: UnownedSerialExecutor
-
     /// What synchronous readers and `updates` see.
-    @usableFromInline nonisolated let cell: SnapshotCell<Value>
+    @usableFromInline let cell: SnapshotCell<Value>
     /// The injected clock.
-    @usableFromInline nonisolated let clock: StoreClock
-    /// The continuations of waiting callers, outside the actor (see ``WaiterTable``).
-    nonisolated var waiters: WaiterTable<Value> { WaiterTable(cell: cell) }
+    @usableFromInline let clock: StoreClock
+    /// The continuations of waiting callers (see ``WaiterTable``).
+    var waiters: WaiterTable<Value> { WaiterTable(cell: cell) }
     /// Whether `value` serves stale data at once and refreshes it in the background.
-    @usableFromInline nonisolated let staleWhileRevalidate: Bool
+    @usableFromInline let staleWhileRevalidate: Bool
 
-    private var machine: Machine
-    /// The tasks of the flight in flight: its running attempt, and the timer of its timeout or backoff.
-    private var attemptTask: Task<Void, Never>?
-    private var timerTask: Task<Void, Never>?
-    private var nextWaiter: UInt64 = 0
-
-    /// Creates a store; `serialExecutor` is the settling clock's, if it has one.
-    init(
-        initialValue: Value, configuration: StoreConfiguration<Value>, clock: StoreClock,
-        serialExecutor: (any SerialExecutor)?
-    ) {
-        self.clock = clock
-        staleWhileRevalidate = configuration.staleWhileRevalidate
-        unownedExecutor = serialExecutor?.asUnownedSerialExecutor() ?? ExecutorHost.take().unownedExecutor
-        cell = SnapshotCell(value: initialValue, expiry: configuration.expiry)
-        machine = Machine(
-            initialValue: initialValue, configuration: configuration, seed: UInt64.random(in: .min ... .max))
+    /// The machine and the tasks of its flight, behind the store's lock.
+    private struct Core {
+        var machine: Machine
+        /// The flight's running attempt.
+        var attemptTask: Task<Void, Never>?
+        /// The timer of the flight's timeout or backoff.
+        var timerTask: Task<Void, Never>?
+        /// The last waiter id handed out.
+        var lastWaiter: UInt64 = 0
     }
 
-    // MARK: Entering
+    /// What an event leaves to do once the lock is released.
+    private struct Effects {
+        /// Tasks to cancel (their cancellation handlers run user code). An event ends at most an
+        /// attempt, a timer and the timer that replaces it.
+        private var cancelled: (Task<Void, Never>?, Task<Void, Never>?, Task<Void, Never>?) = (nil, nil, nil)
+        /// Waiters to resume, and with what.
+        var resumed: (waiters: Set<Machine.WaiterID>, result: Result<Value, any Error>)?
 
-    /// Runs `body` on this store.
-    nonisolated func enter<Result: Sendable>(
-        _ body: @Sendable (isolated AsyncStateStore<Value>) throws -> Result
-    ) async throws -> Result {
-        try await body(self)
+        /// Cancels `task`, if any, once the lock is released.
+        mutating func cancel(_ task: Task<Void, Never>?) {
+            guard let task else { return }
+            if cancelled.0 == nil {
+                cancelled.0 = task
+            } else if cancelled.1 == nil {
+                cancelled.1 = task
+            } else {
+                precondition(cancelled.2 == nil, "an event ended more than three tasks")
+                cancelled.2 = task
+            }
+        }
+
+        func perform(on waiters: WaiterTable<Value>) {
+            cancelled.0?.cancel()
+            cancelled.1?.cancel()
+            cancelled.2?.cancel()
+            if let resumed {
+                for waiter in resumed.waiters { waiters.resume(waiter, with: resumed.result) }
+            }
+        }
+    }
+
+    private let core: LockedValue<Core>
+
+    /// Creates a store.
+    init(initialValue: Value, configuration: StoreConfiguration<Value>, clock: StoreClock) {
+        self.clock = clock
+        staleWhileRevalidate = configuration.staleWhileRevalidate
+        cell = SnapshotCell(value: initialValue, expiry: configuration.expiry)
+        core = LockedValue(
+            Core(
+                machine: Machine(
+                    initialValue: initialValue, configuration: configuration, seed: UInt64.random(in: .min ... .max))))
+    }
+
+    /// Runs an event under the lock, then performs what it left to do.
+    private func withCore<Result>(_ event: (inout Core, inout Effects) throws -> Result) rethrows -> Result {
+        var effects = Effects()
+        defer { effects.perform(on: waiters) }
+        return try core.withLock { try event(&$0, &effects) }
     }
 
     /// The attempts of this store that the current task runs (for the machine's reentrancy check).
-    private nonisolated var callerAttempts: [Machine.AttemptID] {
+    private var callerAttempts: [Machine.AttemptID] {
         let me = ObjectIdentifier(self)
         return OperationContext.running.compactMap { $0.store == me ? $0.attempt : nil }
     }
 
     // MARK: Events from callers
 
-    /// What a caller gets from the actor: an answer now, or a waiter id to wait on (outside the
-    /// actor, in ``waiters``).
-    enum Ticket: Sendable {
-        /// The answer, at once.
-        case value(Value)
-        /// Wait for waiter `id`.
-        case wait(Machine.WaiterID)
-    }
-
     /// Gets the value as `mode` says: an answer at once, or the outcome of the flight in flight or of
     /// a new one running `operation` with `policy`.
-    nonisolated func fetch(
-        _ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy? = nil
-    ) async throws -> Value {
+    func fetch(_ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy? = nil)
+        async throws -> Value
+    {
+        try Task.checkCancellation()
         let attempts = callerAttempts
-        switch try await enter({ try $0.requestFetch(operation, mode: mode, policy: policy, callerAttempts: attempts) })
-        {
-        case .value(let value): return value
-        case .wait(let id): return try await wait(id)
+        let ticket = try withCore { core, effects -> Ticket in
+            let now = clock.now()
+            core.lastWaiter &+= 1
+            let waiter = core.lastWaiter
+            switch core.machine.fetch(
+                waiter: waiter, mode: mode, now: now, policy: policy, operation: operation,
+                callerAttempts: attempts)
+            {
+            case .returnValue(let value):
+                return .value(value)
+            case .returnStaleAndStart(let value, let attempt):
+                start(attempt, at: now, in: &core, &effects)
+                return .value(value)
+            case .fail(let error):
+                throw error
+            case .join:
+                break
+            case .start(let attempt, let replacing):
+                if replacing { endFlightTasks(in: &core, &effects) }
+                start(attempt, at: now, in: &core, &effects)
+            }
+            // Announced under the lock, so that an outcome arriving before the caller suspends is kept.
+            waiters.add(waiter)
+            return .wait(waiter)
         }
+        switch ticket {
+        case .value(let value): return value
+        case .wait(let waiter): return try await wait(waiter)
+        }
+    }
+
+    /// What a caller gets from the machine: an answer now, or a waiter id to wait on.
+    private enum Ticket {
+        /// The answer, at once.
+        case value(Value)
+        /// Wait for this waiter.
+        case wait(Machine.WaiterID)
     }
 
     /// Retries (see ``FetchStateMachine/retry(waiter:operation:now:callerAttempts:)``) and waits for the
     /// flight; returns at once when there is nothing to retry.
-    nonisolated func retry(_ operation: Operation?) async throws {
+    func retry(_ operation: Operation?) async throws {
+        try Task.checkCancellation()
         let attempts = callerAttempts
-        if let id = try await enter({ try $0.requestRetry(operation, callerAttempts: attempts) }) {
-            _ = try await wait(id)
+        let waiter = withCore { core, effects -> Machine.WaiterID? in
+            let now = clock.now()
+            core.lastWaiter &+= 1
+            let waiter = core.lastWaiter
+            guard
+                case .start(let attempt) = core.machine.retry(
+                    waiter: waiter, operation: operation, now: now, callerAttempts: attempts)
+            else { return nil }
+            start(attempt, at: now, in: &core, &effects)
+            waiters.add(waiter)
+            return waiter
         }
-    }
-
-    private func requestFetch(
-        _ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy?,
-        callerAttempts: [Machine.AttemptID]
-    ) throws -> Ticket {
-        try Task.checkCancellation()
-        let now = clock.now()
-        nextWaiter &+= 1
-        let waiter = nextWaiter
-        switch machine.fetch(
-            waiter: waiter, mode: mode, now: now, policy: policy, operation: operation,
-            callerAttempts: callerAttempts)
-        {
-        case .returnValue(let value):
-            return .value(value)
-        case .returnStaleAndStart(let value, let attempt):
-            start(attempt, at: now)
-            return .value(value)
-        case .fail(let error):
-            throw error
-        case .join:
-            break
-        case .start(let attempt, let replacing):
-            if replacing { endFlightTasks() }
-            start(attempt, at: now)
-        }
-        waiters.add(waiter)
-        return .wait(waiter)
-    }
-
-    private func requestRetry(_ operation: Operation?, callerAttempts: [Machine.AttemptID]) throws
-        -> Machine.WaiterID?
-    {
-        try Task.checkCancellation()
-        let now = clock.now()
-        nextWaiter &+= 1
-        let waiter = nextWaiter
-        guard
-            case .start(let attempt) = machine.retry(
-                waiter: waiter, operation: operation, now: now, callerAttempts: callerAttempts)
-        else { return nil }
-        start(attempt, at: now)
-        waiters.add(waiter)
-        return waiter
+        if let waiter { _ = try await wait(waiter) }
     }
 
     func invalidate() {
-        let now = clock.now()
-        if machine.invalidate(now: now) { publish(at: now) }
+        withCore { core, _ in
+            let now = clock.now()
+            if core.machine.invalidate(now: now) { publish(core.machine, at: now) }
+        }
     }
 
     func cancel() {
-        let ended = machine.cancel()
-        if case .none = ended { return }
-        publish(at: clock.now())
-        perform(ended, resumingWith: .failure(CancellationError()))
+        withCore { core, effects in
+            let ended = core.machine.cancel()
+            if case .none = ended { return }
+            publish(core.machine, at: clock.now())
+            end(ended, resumingWith: .failure(CancellationError()), in: &core, &effects)
+        }
     }
 
     func set(_ value: Value) {
-        let now = clock.now()
-        let ended = machine.set(value, now: now, date: clock.date())
-        publish(at: now)
-        perform(ended, resumingWith: .success(value))
+        withCore { core, effects in
+            let now = clock.now()
+            let ended = core.machine.set(value, now: now, date: clock.date())
+            publish(core.machine, at: now)
+            end(ended, resumingWith: .success(value), in: &core, &effects)
+        }
     }
 
     func reset() {
-        let (ended, changed) = machine.reset()
-        guard changed else { return }
-        publish(at: clock.now())
-        perform(ended, resumingWith: .failure(CancellationError()))
+        withCore { core, effects in
+            let (ended, changed) = core.machine.reset()
+            guard changed else { return }
+            publish(core.machine, at: clock.now())
+            end(ended, resumingWith: .failure(CancellationError()), in: &core, &effects)
+        }
     }
 
-    // MARK: Events from the flight's tasks
+    // MARK: Events from waiters and from the flight's tasks
+
+    /// A waiter's task was cancelled (called from its cancellation handler, on any thread).
+    private func waiterCancelled(_ waiter: Machine.WaiterID) {
+        withCore { core, effects in
+            switch core.machine.waiterCancelled(waiter) {
+            case .none, .resume:
+                break  // the waiter resumed itself with `CancellationError`
+            case .resumeAndEndFlight:
+                endFlightTasks(in: &core, &effects)
+                publish(core.machine, at: clock.now())
+            }
+        }
+    }
 
     /// An attempt's operation returned or threw.
     private func attemptFinished(
         _ flight: Machine.FlightID, _ attempt: Machine.AttemptID, _ outcome: Machine.Outcome
     ) {
-        let now = clock.now()
-        let action = machine.attemptFinished(flight, attempt: attempt, outcome: outcome, now: now, date: clock.date())
-        if case .drop = action { return }
-        attemptTask = nil  // it is ending by itself
-        perform(action, at: now)
+        withCore { core, effects in
+            let now = clock.now()
+            let action = core.machine.attemptFinished(
+                flight, attempt: attempt, outcome: outcome, now: now, date: clock.date())
+            if case .drop = action { return }
+            core.attemptTask = nil  // it is ending by itself
+            perform(action, at: now, in: &core, &effects)
+        }
     }
 
     /// An attempt's timeout fired: the attempt is abandoned (cancelled, its late result dropped).
     private func attemptTimedOut(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID) {
-        let now = clock.now()
-        let action = machine.attemptTimedOut(flight, attempt: attempt, now: now)
-        if case .drop = action { return }
-        attemptTask?.cancel()
-        attemptTask = nil
-        timerTask = nil  // it is ending by itself
-        perform(action, at: now)
+        withCore { core, effects in
+            let now = clock.now()
+            let action = core.machine.attemptTimedOut(flight, attempt: attempt, now: now)
+            if case .drop = action { return }
+            effects.cancel(core.attemptTask)
+            core.attemptTask = nil
+            core.timerTask = nil  // it is ending by itself
+            perform(action, at: now, in: &core, &effects)
+        }
     }
 
     /// A backoff ended, or its sleep threw `error`.
     private func backoffEnded(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID, error: (any Error)?) {
-        let now = clock.now()
-        let action = machine.backoffEnded(flight, attempt: attempt, error: error, now: now)
-        if case .drop = action { return }
-        timerTask = nil  // it is ending by itself
-        perform(action, at: now)
-    }
-
-    /// A waiter's task was cancelled.
-    private func waiterCancelled(_ waiter: Machine.WaiterID) {
-        switch machine.waiterCancelled(waiter) {
-        case .none:
-            break
-        case .resume(let id):
-            resume(id, with: .failure(CancellationError()))
-        case .resumeAndEndFlight(let id):
-            endFlightTasks()
-            publish(at: clock.now())
-            resume(id, with: .failure(CancellationError()))
+        withCore { core, effects in
+            let now = clock.now()
+            let action = core.machine.backoffEnded(flight, attempt: attempt, error: error, now: now)
+            if case .drop = action { return }
+            core.timerTask = nil  // it is ending by itself
+            perform(action, at: now, in: &core, &effects)
         }
     }
 
-    // MARK: Performing actions
+    // MARK: Performing actions (under the lock; effects after it)
 
-    private func perform(_ action: Machine.FlightAction, at now: Duration) {
+    private func perform(
+        _ action: Machine.FlightAction, at now: Duration, in core: inout Core, _ effects: inout Effects
+    ) {
         switch action {
         case .drop:
             break
         case .retry(let flight, let attempt, let at):
-            timerTask?.cancel()
-            timerTask = schedule(at: at) { store, error in store.backoffEnded(flight, attempt, error: error) }
-            publish(at: now)
+            effects.cancel(core.timerTask)
+            core.timerTask = schedule(at: at) { store, error in store.backoffEnded(flight, attempt, error: error) }
+            publish(core.machine, at: now)
         case .start(let attempt):
-            start(attempt, at: now)
+            start(attempt, at: now, in: &core, &effects)
         case .settle(let ids, let result):
-            endFlightTasks()
-            publish(at: now)
-            for id in ids { resume(id, with: result) }
+            endFlightTasks(in: &core, &effects)
+            publish(core.machine, at: now)
+            effects.resumed = (ids, result)
         }
     }
 
-    /// Suspends the caller (outside the actor) until its waiter is resumed. A cancelled caller leaves
-    /// at once; the store then learns of it on the actor, and cancels the flight if it was the last.
-    private nonisolated func wait(_ waiter: Machine.WaiterID) async throws -> Value {
-        try await waiters.wait(waiter) { [clock] in
-            Task(executorPreference: clock.executor) { await self.waiterCancelled(waiter) }
-        }
-    }
-
-    private func resume(_ waiter: Machine.WaiterID, with result: Result<Value, any Error>) {
-        waiters.resume(waiter, with: result)
-    }
-
-    /// Ends the tasks of a flight an event ended and resumes its waiters with `result`.
-    /// Call after publishing, so that a resumed waiter sees the new snapshot.
-    private func perform(_ ended: Machine.EndedFlight, resumingWith result: Result<Value, any Error>) {
+    /// Ends the tasks of a flight an event ended and resumes its waiters with `result`, after
+    /// publishing (so that a resumed waiter sees the new snapshot).
+    private func end(
+        _ ended: Machine.EndedFlight, resumingWith result: Result<Value, any Error>, in core: inout Core,
+        _ effects: inout Effects
+    ) {
         guard case .end(let ids) = ended else { return }
-        endFlightTasks()
-        for waiter in ids { resume(waiter, with: result) }
+        endFlightTasks(in: &core, &effects)
+        effects.resumed = (ids, result)
     }
 
-    /// Cancels the flight's attempt (its operation) and its timer.
-    private func endFlightTasks() {
-        attemptTask?.cancel()
-        timerTask?.cancel()
-        attemptTask = nil
-        timerTask = nil
+    /// Cancels (after the lock) the flight's attempt — its operation — and its timer.
+    private func endFlightTasks(in core: inout Core, _ effects: inout Effects) {
+        effects.cancel(core.attemptTask)
+        effects.cancel(core.timerTask)
+        core.attemptTask = nil
+        core.timerTask = nil
     }
 
-    private func publish(at now: Duration) {
+    private func publish(_ machine: Machine, at now: Duration) {
         cell.publish(machine.snapshot(at: now), freshSince: machine.freshSince)
     }
 
     /// Starts `attempt`'s task (and its timeout's timer) and publishes.
-    private func start(_ attempt: Machine.Attempt, at now: Duration) {
-        timerTask?.cancel()
-        attemptTask = launch(attempt)
+    private func start(_ attempt: Machine.Attempt, at now: Duration, in core: inout Core, _ effects: inout Effects) {
+        effects.cancel(core.timerTask)
+        core.attemptTask = launch(attempt)
         let (flight, id) = (attempt.flight, attempt.id)
-        timerTask = attempt.timeoutAt.map { deadline in
+        core.timerTask = attempt.timeoutAt.map { deadline in
             // A timer whose sleep throws without being cancelled cannot keep its promise to end the
             // wait at the deadline, so it ends it now.
             schedule(at: deadline) { store, _ in store.attemptTimedOut(flight, id) }
         }
-        publish(at: now)
+        publish(core.machine, at: now)
+    }
+
+    /// Suspends the caller until its waiter is resumed. A cancelled caller leaves at once and tells the
+    /// machine, which ends the flight if it was the last waiter.
+    private func wait(_ waiter: Machine.WaiterID) async throws -> Value {
+        try await waiters.wait(waiter) { self.waiterCancelled(waiter) }
     }
 
     /// The attempt's task: runs the operation, marked as this attempt for the reentrancy check, and
     /// reports how it ended — always, whatever it threw, so the machine sees every end.
-    private nonisolated func launch(_ attempt: Machine.Attempt) -> Task<Void, Never> {
+    private func launch(_ attempt: Machine.Attempt) -> Task<Void, Never> {
         let marked = OperationContext.running + [.init(store: ObjectIdentifier(self), attempt: attempt.id)]
         let (operation, flight, id) = (attempt.operation, attempt.flight, attempt.id)
         return Task(executorPreference: clock.executor) { [self] in
@@ -324,15 +344,14 @@ actor AsyncStateStore<Value: Sendable> {
             } catch {
                 outcome = .failure(error)
             }
-            await attemptFinished(flight, id, outcome)
+            attemptFinished(flight, id, outcome)
         }
     }
 
-    /// A timer: sleeps until `deadline` on the clock, then runs `fired` on the store with the error the
-    /// sleep threw, if any. A cancelled timer does nothing (whoever cancelled it has moved on).
-    private nonisolated func schedule(
-        at deadline: Duration,
-        _ fired: @escaping @Sendable (isolated AsyncStateStore<Value>, (any Error)?) -> Void
+    /// A timer: sleeps until `deadline` on the clock, then runs `fired` with the error the sleep threw,
+    /// if any. A cancelled timer does nothing (whoever cancelled it has moved on).
+    private func schedule(
+        at deadline: Duration, _ fired: @escaping @Sendable (AsyncStateStore<Value>, (any Error)?) -> Void
     ) -> Task<Void, Never> {
         Task(executorPreference: clock.executor) { [self, clock] in
             let failure: (any Error)?
@@ -343,7 +362,7 @@ actor AsyncStateStore<Value: Sendable> {
                 failure = error
             }
             if Task.isCancelled { return }
-            _ = try? await enter { fired($0, failure) }
+            fired(self, failure)
         }
     }
 }

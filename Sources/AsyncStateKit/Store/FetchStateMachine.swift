@@ -36,8 +36,8 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         var attempt: AttemptID
         /// When the current attempt starts, while the flight waits out a backoff; `nil` while it runs.
         var retryAt: Duration?
-        /// The callers waiting for its outcome, in arrival order.
-        var waiters: [WaiterID]
+        /// The callers waiting for its outcome: a set, so that one leaves in O(1).
+        var waiters: Set<WaiterID>
         /// The phase before the flight began, restored if it is cancelled.
         var phaseBefore: AsyncPhase
         /// Set by ``invalidate(now:)`` during the flight: its result lands already expired.
@@ -128,7 +128,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         /// Start this attempt now.
         case start(Attempt)
         /// The flight settled: end its tasks, publish, then resume `waiters` with `result`.
-        case settle(waiters: [WaiterID], result: Result<Value, any Error>)
+        case settle(waiters: Set<WaiterID>, result: Result<Value, any Error>)
     }
 
     /// What to do after ``waiterCancelled(_:)``.
@@ -148,7 +148,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         /// There was no flight.
         case none
         /// End the flight's tasks and resume `waiters` (with what the event says).
-        case end(waiters: [WaiterID])
+        case end(waiters: Set<WaiterID>)
     }
 
     /// The latest value: kept during loading and after a failure.
@@ -244,9 +244,9 @@ struct FetchStateMachine<Value: Sendable, Operation> {
             return .returnStaleAndStart(value, attempt)
         }
         if flight != nil, mode != .always {
-            // In place: binding the flight to a local first would make this append copy every
+            // In place: binding the flight to a local first would make this insert copy every
             // waiter (copy-on-write), which is quadratic for many joiners.
-            mutateFlight { $0.waiters.append(waiter) }
+            mutateFlight { $0.waiters.insert(waiter) }
             return .join
         }
         // A new flight; `refresh` takes over the old one's waiters, whose result will be dropped.
@@ -264,7 +264,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     {
         if let current = flight {
             guard current.retryAt != nil, !isReentrant(callerAttempts) else { return .ignore }
-            mutateFlight { $0.waiters.append(waiter) }
+            mutateFlight { $0.waiters.insert(waiter) }
             return .start(startAttempt(now: now))
         }
         guard let operation else { return .ignore }
@@ -280,8 +280,8 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     /// The task of waiter `waiter` was cancelled: it stops waiting; the flight is cancelled if it was
     /// the last waiter of a flight that is not a background one.
     mutating func waiterCancelled(_ waiter: WaiterID) -> WaiterCancelledAction {
-        guard let index = flight?.waiters.firstIndex(of: waiter) else { return .none }
-        mutateFlight { $0.waiters.remove(at: index) }  // in place, as in fetch
+        guard flight?.waiters.contains(waiter) == true else { return .none }
+        mutateFlight { $0.waiters.remove(waiter) }  // in place, as in fetch
         guard let current = flight, current.waiters.isEmpty, !current.keepAlive else { return .resume(waiter) }
         setFlight(nil)
         phase = current.phaseBefore
@@ -433,7 +433,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
                 (flight.id, flight.operation, flight.attempt, flight.retryAt) = (id, operation, attempt, nil)
                 (flight.expiresOnArrival, flight.policy, flight.startedAt, flight.failures) = (false, policy, now, 0)
                 (flight.keepAlive, flight.random) = (keepAlive, random)
-                if let waiter { flight.waiters.append(waiter) }
+                if let waiter { flight.waiters.insert(waiter) }
             }
         }
         phase = .loading

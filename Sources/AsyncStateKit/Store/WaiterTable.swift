@@ -1,12 +1,10 @@
-/// The continuations of callers waiting for a flight, behind the package's lock, outside the actor.
+/// The continuations of callers waiting for a flight, behind the ``SnapshotCell``'s lock.
 ///
-/// Why not in the actor: a continuation created inside actor-isolated code resumes onto the actor,
-/// and one resumed while the actor is busy (say, by `set` cancelling a flight) is queued behind it
-/// and later drained wherever the runtime chooses — under a `VirtualClock`, out of the clock's sight,
-/// so settling could not wait for it. A continuation created here, in nonisolated code, resumes on
-/// the waiting task's own executor. It also lets a cancelled caller leave at once, without a hop.
+/// A continuation created here, in nonisolated code, resumes on the waiting task's own executor, and
+/// a cancelled caller leaves at once: its cancellation handler resumes it here and then tells the
+/// store.
 ///
-/// Each waiter goes `pending` (the actor handed out its id) → `waiting` (its continuation is
+/// Each waiter goes `pending` (the store handed out its id) → `waiting` (its continuation is
 /// registered) → gone (resumed). A continuation leaves the table, under the lock, before it is
 /// resumed, and only a `waiting` slot holds one: so each is resumed exactly once, which is why an
 /// `UnsafeContinuation` (no allocation, no canary) is sound here. A result or a cancellation that arrives while it is still `pending`
@@ -21,7 +19,7 @@ struct WaiterTable<Value: Sendable>: Sendable {
     /// Where the slots are kept.
     let cell: SnapshotCell<Value>
 
-    /// Announces waiter `id`; called by the actor when it hands the id out.
+    /// Announces waiter `id`; called by the store, under its lock, when it hands the id out.
     func add(_ id: ID) {
         cell.withWaiterSlots { $0[id] = .pending }
     }
