@@ -51,6 +51,30 @@ actor HandWrittenCache<Value: Sendable> {
     }
 }
 
+/// An operation's source that answers when opened, or throws when its caller is cancelled.
+final class Gate: Sendable {
+    private let state = Mutex<(open: Bool, waiting: [CheckedContinuation<Int, any Error>])>((false, []))
+
+    func wait() async throws -> Int {
+        try await withCheckedThrowingContinuation { continuation in
+            let isOpen = state.withLock { state in
+                if !state.open { state.waiting.append(continuation) }
+                return state.open
+            }
+            if isOpen { continuation.resume(returning: 42) }
+        }
+    }
+
+    func open() {
+        let waiting = state.withLock { state in
+            state.open = true
+            defer { state.waiting = [] }
+            return state.waiting
+        }
+        for continuation in waiting { continuation.resume(returning: 42) }
+    }
+}
+
 /// A counter tasks can share.
 final class Counter: Sendable {
     private let atomic = Atomic<Int>(0)
@@ -199,6 +223,55 @@ let benchmarks: @Sendable () -> Void = {
             blackHole(total)
             let count = runs.value
             if count != 1 || total != 420_000 { benchmark.error("\(count) operation runs, total \(total)") }
+        }
+    }
+
+    Benchmark("Cold:10000-concurrent-hand-written-cache(baseline)", configuration: concurrencyScale) { benchmark in
+        for _ in benchmark.scaledIterations {
+            let cache = HandWrittenCache<Int>(expiry: .seconds(3_600))
+            let runs = Counter()
+            let load: @Sendable () async throws -> Int = {
+                runs.increment()
+                await Task.yield()
+                return 42
+            }
+            let total = await withTaskGroup(of: Int.self) { group in
+                for _ in 0..<10_000 { group.addTask { (try? await cache.value(for: "k", load)) ?? 0 } }
+                return await group.reduce(0, +)
+            }
+            blackHole(total)
+            if runs.value != 1 || total != 420_000 { benchmark.error("\(runs.value) runs, total \(total)") }
+        }
+    }
+
+    // MARK: 10,000 waiters join a flight, then leave at once by cancellation
+
+    for cancelling in [false, true] {
+        Benchmark(
+            cancelling ? "Cancel:10000-waiters-cancelled-at-once" : "Cancel:10000-waiters-join(baseline)",
+            configuration: concurrencyScale
+        ) { benchmark in
+            for _ in benchmark.scaledIterations {
+                let state = AsyncState<Int>(wrappedValue: 0)
+                let gate = Gate()
+                await withTaskGroup(of: Int.self) { group in
+                    if !cancelling { benchmark.startMeasurement() }
+                    for _ in 0..<10_000 {
+                        group.addTask { (try? await state.value { try await gate.wait() }) ?? 0 }
+                    }
+                    while state.waitingCallers < 10_000 { await Task.yield() }
+                    if cancelling {
+                        benchmark.startMeasurement()
+                        group.cancelAll()
+                    } else {
+                        benchmark.stopMeasurement()
+                        gate.open()
+                    }
+                    blackHole(await group.reduce(0, +))
+                    if cancelling { benchmark.stopMeasurement() }
+                }
+                gate.open()
+            }
         }
     }
 

@@ -81,7 +81,10 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             cancelled.1?.cancel()
             cancelled.2?.cancel()
             if let resumed {
-                for waiter in resumed.waiters { waiters.resume(waiter, with: resumed.result) }
+                // In arrival order (ids grow): callers that are children of one task group then
+                // finish in the order they were added, which the runtime's group handles in O(1)
+                // each (in hash order, its child list makes them quadratic).
+                for waiter in resumed.waiters.sorted() { waiters.resume(waiter, with: resumed.result) }
             }
         }
     }

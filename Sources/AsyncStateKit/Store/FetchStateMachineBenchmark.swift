@@ -25,3 +25,9 @@ public struct FetchStateMachineBenchmark {
         return machine.lastID
     }
 }
+
+extension AsyncState {
+    /// How many callers are waiting for this state's fetch, for the benchmarks package. Not API.
+    @_spi(Benchmarks)
+    public var waitingCallers: Int { store.waiters.count }
+}
