@@ -48,18 +48,7 @@ package final class LockStorage<Value>: ManagedBuffer<Value, UInt64> {
         let storage = buffer as! LockStorage<Value>  // as swift-nio does: unsafeDowncast miscompiled in 5.10
         storage.withUnsafeMutablePointerToElements { words in
             let mutex = UnsafeMutableRawPointer(words).bindMemory(to: pthread_mutex_t.self, capacity: 1)
-            #if canImport(Glibc)
-            // An adaptive mutex spins briefly before it sleeps: the sections it guards are a few
-            // dozen nanoseconds, and on a contended lock a futex sleep and wake cost microseconds.
-            // (glibc's PTHREAD_MUTEX_ADAPTIVE_NP, 3, which Swift's Glibc module does not name.)
-            var attributes = pthread_mutexattr_t()
-            pthread_mutexattr_init(&attributes)
-            pthread_mutexattr_settype(&attributes, 3)
-            let rc = pthread_mutex_init(mutex, &attributes)
-            pthread_mutexattr_destroy(&attributes)
-            #else
             let rc = pthread_mutex_init(mutex, nil)
-            #endif
             precondition(rc == 0, "pthread_mutex_init failed: \(rc)")
         }
         return storage
