@@ -75,6 +75,29 @@ final class Gate: Sendable {
     }
 }
 
+/// For each iteration, 10,000 concurrent callers of a fresh cache (`makeCaller` makes one and says how
+/// to call it) with one operation that counts its runs: exactly one run and every answer expected.
+func stampede(
+    _ benchmark: Benchmark,
+    makeCaller: () -> @Sendable (@escaping @Sendable () async throws -> Int) async -> Int
+) async {
+    for _ in benchmark.scaledIterations {
+        let call = makeCaller()
+        let runs = Counter()
+        let load: @Sendable () async throws -> Int = {
+            runs.increment()
+            await Task.yield()
+            return 42
+        }
+        let total = await withTaskGroup(of: Int.self) { group in
+            for _ in 0..<10_000 { group.addTask { await call(load) } }
+            return await group.reduce(0, +)
+        }
+        blackHole(total)
+        if runs.value != 1 || total != 420_000 { benchmark.error("\(runs.value) operation runs, total \(total)") }
+    }
+}
+
 /// A counter tasks can share.
 final class Counter: Sendable {
     private let atomic = Atomic<Int>(0)
@@ -208,39 +231,16 @@ let benchmarks: @Sendable () -> Void = {
     }
 
     Benchmark("Cold:10000-concurrent-value(_:)", configuration: concurrencyScale) { benchmark in
-        for _ in benchmark.scaledIterations {
+        await stampede(benchmark) {
             let state = AsyncState<Int>(wrappedValue: 0)
-            let runs = Counter()
-            let load: @Sendable () async throws -> Int = {
-                runs.increment()
-                await Task.yield()
-                return 42
-            }
-            let total = await withTaskGroup(of: Int.self) { group in
-                for _ in 0..<10_000 { group.addTask { (try? await state.value(load)) ?? 0 } }
-                return await group.reduce(0, +)
-            }
-            blackHole(total)
-            let count = runs.value
-            if count != 1 || total != 420_000 { benchmark.error("\(count) operation runs, total \(total)") }
+            return { load in (try? await state.value(load)) ?? 0 }
         }
     }
 
     Benchmark("Cold:10000-concurrent-hand-written-cache(baseline)", configuration: concurrencyScale) { benchmark in
-        for _ in benchmark.scaledIterations {
+        await stampede(benchmark) {
             let cache = HandWrittenCache<Int>(expiry: .seconds(3_600))
-            let runs = Counter()
-            let load: @Sendable () async throws -> Int = {
-                runs.increment()
-                await Task.yield()
-                return 42
-            }
-            let total = await withTaskGroup(of: Int.self) { group in
-                for _ in 0..<10_000 { group.addTask { (try? await cache.value(for: "k", load)) ?? 0 } }
-                return await group.reduce(0, +)
-            }
-            blackHole(total)
-            if runs.value != 1 || total != 420_000 { benchmark.error("\(runs.value) runs, total \(total)") }
+            return { load in (try? await cache.value(for: "k", load)) ?? 0 }
         }
     }
 
