@@ -185,8 +185,10 @@ import Testing
         }
     }
 
-    /// "action → phase fresh|expired value" for every (state, event) pair, each row checked by hand
-    /// against DESIGN.md's semantics and the PhasesAndTransitions article.
+    /// "action → phase fresh|expired value" for every (state, event) pair: first printed from the
+    /// machine, then every row checked by hand against DESIGN.md's semantics and the
+    /// PhasesAndTransitions article (two were wrong and the machine was fixed: `invalidate` published
+    /// for a cached failure and for data already expired by time).
     static let expected: [Start: [Event: String]] = [
         .initial: [
             .fetch: "start(new) → loading expired []",
