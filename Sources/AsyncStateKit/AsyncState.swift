@@ -283,6 +283,23 @@ public struct AsyncState<Value: Sendable>: Sendable {
         return try await fetchFromStore({ try await operation(context) }, retry: retry, servesStale: true)
     }
 
+    /// Fetches unless the data is fresh, like ``fetch(retry:_:)``, passing `context` to an operation
+    /// that captures nothing, so that a hit allocates nothing (see ``value(using:retry:_:)``).
+    ///
+    /// - Parameters:
+    ///   - context: What the operation needs. On a miss it is kept with the operation while the fetch
+    ///     is in flight.
+    ///   - retry: The retry policy for a fetch this call starts; `nil` for the state's.
+    ///   - operation: Fetches the value from `context`. It should capture nothing.
+    @inlinable
+    public nonisolated(nonsending) func fetch<Context: Sendable>(
+        using context: Context, retry: RetryPolicy? = nil,
+        _ operation: @escaping @Sendable (Context) async throws -> Value
+    ) async {
+        if store.cell.freshValue(at: store.clock.now()) != nil { return }
+        _ = try? await fetchFromStore({ try await operation(context) }, retry: retry, servesStale: false)
+    }
+
     /// The miss path of ``value(retry:_:)`` and ``fetch(retry:_:)``: asks the store.
     /// `servesStale`: whether stale data may be answered at once (with `staleWhileRevalidate`).
     @usableFromInline

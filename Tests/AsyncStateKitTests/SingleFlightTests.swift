@@ -257,6 +257,20 @@ import Testing
         #expect(client.calls.withLock { $0 } == 2)
     }
 
+    @Test func fetchUsingAContextRunsOnlyOnAMiss() async throws {
+        let clock = VirtualClock()
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(10), clock: clock)
+        let client = Client()
+        await state.fetch(using: (client, 2)) { try await $0.0.number($0.1) }
+        await state.fetch(using: (client, 3)) { try await $0.0.number($0.1) }  // fresh: nothing runs
+        #expect(state.wrappedValue == 20)
+        #expect(client.calls.withLock { $0 } == 1)
+        await state.fetch(using: client) { _ in throw SourceDown() }  // still fresh: not even called
+        await clock.advance(by: .seconds(10))
+        await state.fetch(using: client) { _ in throw SourceDown() }
+        #expect(state.phase.error is SourceDown)
+    }
+
     @Test func itSharesSingleFlightAndErrorsWithValue() async throws {
         let clock = VirtualClock()
         let state = AsyncState<Int>(wrappedValue: 0, clock: clock)
