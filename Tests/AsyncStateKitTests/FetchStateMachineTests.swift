@@ -162,8 +162,8 @@ import Testing
             case .lastWaiterCancelled:
                 switch machine.waiterCancelled(machine.flight?.waiters.first ?? 999) {
                 case .none: return "none"
-                case .resume: return "resume"
-                case .resumeAndEndFlight: return "resume+end"
+                case .left: return "resume"
+                case .leftAndEndedFlight: return "resume+end"
                 }
             case .cancel: return describe(machine.cancel())
             case .invalidate: return machine.invalidate(now: now) ? "publish" : "no-op"
@@ -468,7 +468,7 @@ import Testing
         guard case .start(let attempt, _) = machine.fetch(waiter: 1, mode: .ifExpired, now: .zero, operation: "a"),
             case .join = machine.fetch(waiter: 2, mode: .ifExpired, now: .zero, operation: "b")
         else { throw Failure("expected a start, then a join") }
-        guard case .resume(1) = machine.waiterCancelled(1) else {
+        guard case .left = machine.waiterCancelled(1) else {
             throw Failure("expected the first waiter to be resumed alone")
         }
         #expect(machine.phase.isLoading)

@@ -53,6 +53,12 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         var timerTask: Task<Void, Never>?
         /// The last waiter id handed out.
         var lastWaiter: UInt64 = 0
+
+        /// A new waiter id (they grow, so their order is the order of arrival).
+        mutating func makeWaiter() -> Machine.WaiterID {
+            lastWaiter &+= 1
+            return lastWaiter
+        }
     }
 
     /// What an event leaves to do once the lock is released.
@@ -126,8 +132,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         let attempts = callerAttempts
         let ticket = try withCore { core, effects -> Ticket in
             let now = clock.now()
-            core.lastWaiter &+= 1
-            let waiter = core.lastWaiter
+            let waiter = core.makeWaiter()
             switch core.machine.fetch(
                 waiter: waiter, mode: mode, now: now, policy: policy, operation: operation,
                 callerAttempts: attempts)
@@ -170,8 +175,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         let attempts = callerAttempts
         let waiter = withCore { core, effects -> Machine.WaiterID? in
             let now = clock.now()
-            core.lastWaiter &+= 1
-            let waiter = core.lastWaiter
+            let waiter = core.makeWaiter()
             guard
                 case .start(let attempt) = core.machine.retry(
                     waiter: waiter, operation: operation, now: now, callerAttempts: attempts)
@@ -223,9 +227,9 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     private func waiterCancelled(_ waiter: Machine.WaiterID) {
         withCore { core, effects in
             switch core.machine.waiterCancelled(waiter) {
-            case .none, .resume:
+            case .none, .left:
                 break  // the waiter resumed itself with `CancellationError`
-            case .resumeAndEndFlight:
+            case .leftAndEndedFlight:
                 endFlightTasks(in: &core, &effects)
                 publish(core.machine, at: clock.now())
             }

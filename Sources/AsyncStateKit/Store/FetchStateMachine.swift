@@ -131,16 +131,16 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         case settle(waiters: Set<WaiterID>, result: Result<Value, any Error>)
     }
 
-    /// What to do after ``waiterCancelled(_:)``.
+    /// What to do after ``waiterCancelled(_:)``. The waiter has already resumed itself with
+    /// `CancellationError` (see `WaiterTable`); this says what becomes of the flight.
     enum WaiterCancelledAction {
         /// The waiter was no longer waiting (already resumed): nothing to do.
         case none
-        /// Resume the waiter with `CancellationError`; the flight goes on for the others (or in the
-        /// background).
-        case resume(WaiterID)
-        /// Resume the waiter with `CancellationError` and end the flight's tasks: it was the flight's
-        /// last waiter. Publish: the phase is back to what it was before the flight.
-        case resumeAndEndFlight(WaiterID)
+        /// It left; the flight goes on for the others (or in the background).
+        case left
+        /// It was the flight's last waiter: end the flight's tasks. Publish: the phase is back to what
+        /// it was before the flight.
+        case leftAndEndedFlight
     }
 
     /// What to do with a flight that an event ended early.
@@ -282,10 +282,10 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     mutating func waiterCancelled(_ waiter: WaiterID) -> WaiterCancelledAction {
         guard flight?.waiters.contains(waiter) == true else { return .none }
         mutateFlight { $0.waiters.remove(waiter) }  // in place, as in fetch
-        guard let current = flight, current.waiters.isEmpty, !current.keepAlive else { return .resume(waiter) }
+        guard let current = flight, current.waiters.isEmpty, !current.keepAlive else { return .left }
         setFlight(nil)
         phase = current.phaseBefore
-        return .resumeAndEndFlight(waiter)
+        return .leftAndEndedFlight
     }
 
     /// `cancel()`: cancels the flight outright; its waiters get `CancellationError` and the phase goes
