@@ -148,13 +148,13 @@ func failingOnce() -> (attempts: LockedValue<Int>, operation: @Sendable () async
 
     @Test func anOperationThatNeverResumesReleasesItsCallersAtTheDeadline() async throws {
         let state = AsyncState<Int>(wrappedValue: 0, timeout: .milliseconds(50))
-        let parked = LockedValue<[CheckedContinuation<Int, Never>]>([])
+        let parked = ParkedOperations()
         // A continuation without a cancellation handler: cancelling its task does nothing.
         let hanging: @Sendable () async throws -> Int = {
-            await withCheckedContinuation { continuation in parked.withLock { $0.append(continuation) } }
+            await parked.park()
         }
         await #expect(throws: AsyncStateError.timedOut(after: .milliseconds(50))) { try await state.value(hanging) }
-        for continuation in parked.withLock({ $0 }) { continuation.resume(returning: 1) }
+        parked.resumeAll(returning: 1)
         #expect(state.wrappedValue == 0)
     }
 }

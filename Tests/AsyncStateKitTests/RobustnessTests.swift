@@ -94,14 +94,14 @@ import Testing
 
     @Test func aTimeoutWhoseSleepThrowsEndsTheWaitAtOnce() async throws {
         let state = AsyncState<Int>(wrappedValue: 0, clock: ThrowingClock(), timeout: .seconds(5))
-        let parked = LockedValue<[CheckedContinuation<Int, Never>]>([])
+        let parked = ParkedOperations()
         await #expect(throws: AsyncStateError.timedOut(after: .seconds(5))) {
             try await state.value {
-                await withCheckedContinuation { continuation in parked.withLock { $0.append(continuation) } }
+                await parked.park()
             }
         }
         #expect(state.phase.name == "failure")
-        for continuation in parked.withLock({ $0 }) { continuation.resume(returning: 1) }
+        parked.resumeAll(returning: 1)
     }
 
     @Test func anOperationThatThrowsAnythingSettles() async throws {
@@ -116,11 +116,11 @@ import Testing
     @Test func atMostTheLimitOfTimedOutOperationsPileUp() async throws {
         let clock = VirtualClock()
         let state = AsyncState<Int>(wrappedValue: 0, expiry: .zero, clock: clock, timeout: .seconds(1))
-        let parked = LockedValue<[CheckedContinuation<Int, Never>]>([])
+        let parked = ParkedOperations()
         let starts = LockedValue(0)
         let hanging: @Sendable () async throws -> Int = {
             starts.withLock { $0 += 1 }
-            return await withCheckedContinuation { continuation in parked.withLock { $0.append(continuation) } }
+            return await parked.park()
         }
         for _ in 0..<AsyncStateLimits.abandonedOperations {
             let caller = clock.task { try await state.value(hanging) }
@@ -134,11 +134,11 @@ import Testing
         #expect(starts.withLock { $0 } == AsyncStateLimits.abandonedOperations)  // not started
 
         // One returns (late, dropped): operations start again.
-        parked.withLock { $0.removeFirst() }.resume(returning: 9)
+        parked.resumeFirst(returning: 9)
         await clock.settle()
         #expect(state.wrappedValue == 0)
         #expect(try await state.value { 2 } == 2)
-        for continuation in parked.withLock({ $0 }) { continuation.resume(returning: 1) }
+        parked.resumeAll(returning: 1)
         await clock.settle()
     }
 }

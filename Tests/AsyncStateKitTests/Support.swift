@@ -31,6 +31,32 @@ final class Source<Value: Sendable>: Sendable {
     }
 }
 
+/// Operations that ignore cancellation: each suspends on a continuation with no cancellation handler
+/// until the test resumes it (a stand-in for a blocking call or a hung upstream).
+final class ParkedOperations: Sendable {
+    private let parked = LockedValue<[CheckedContinuation<Int, Never>]>([])
+
+    /// Suspends until resumed, whatever happens to the calling task.
+    func park() async -> Int {
+        await withCheckedContinuation { continuation in parked.withLock { $0.append(continuation) } }
+    }
+
+    /// Resumes the operation that parked first with `value`.
+    func resumeFirst(returning value: Int) {
+        parked.withLock { $0.removeFirst() }.resume(returning: value)
+    }
+
+    /// Resumes every parked operation with `value`.
+    func resumeAll(returning value: Int) {
+        for continuation in parked.withLock({ parked in
+            defer { parked = [] }
+            return parked
+        }) {
+            continuation.resume(returning: value)
+        }
+    }
+}
+
 /// An error operations throw in tests.
 struct SourceDown: Error, Equatable {
     var code = 503
