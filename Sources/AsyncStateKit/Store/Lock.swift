@@ -48,7 +48,18 @@ package final class LockStorage<Value>: ManagedBuffer<Value, UInt64> {
         let storage = buffer as! LockStorage<Value>  // as swift-nio does: unsafeDowncast miscompiled in 5.10
         storage.withUnsafeMutablePointerToElements { words in
             let mutex = UnsafeMutableRawPointer(words).bindMemory(to: pthread_mutex_t.self, capacity: 1)
+            #if canImport(Glibc)
+            // Adaptive: a contended lock spins briefly before it sleeps. Every critical section here
+            // is a few hundred nanoseconds, so under a stampede the holder is almost always about
+            // to release it, and a futex sleep and wake-up would cost far more than the wait.
+            var attributes = pthread_mutexattr_t()
+            pthread_mutexattr_init(&attributes)
+            pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ADAPTIVE_NP))
+            let rc = pthread_mutex_init(mutex, &attributes)
+            pthread_mutexattr_destroy(&attributes)
+            #else
             let rc = pthread_mutex_init(mutex, nil)
+            #endif
             precondition(rc == 0, "pthread_mutex_init failed: \(rc)")
         }
         return storage
