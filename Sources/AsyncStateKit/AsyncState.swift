@@ -105,6 +105,13 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///   - staleWhileRevalidate: When `true`, ``value(retry:_:)`` on expired data returns the stale value
     ///     at once and refreshes it in the background (not while a failure is within `failureExpiry`).
     ///     ``fetch(retry:_:)`` still waits for the fetch to settle. Defaults to `false`.
+    ///   - refreshAfter: Refresh ahead: a ``value(retry:_:)`` or ``fetch(retry:_:)`` that finds data at
+    ///     least this old, but still fresh, returns it at once and starts one background refresh with
+    ///     its operation. Callers then never wait at the expiry while the source keeps up, yet no data is
+    ///     served past its expiry: a caller that comes after the expiry waits for the refresh in
+    ///     flight. A refresh that fails leaves the data fresh until its own expiry, and the next hit
+    ///     tries again (not within `failureExpiry`). `nil` (the default), zero or less, or not shorter
+    ///     than `expiry`: off.
     ///   - isEmpty: Decides whether a fetched value is ``AsyncPhase/empty``. Without it, a value is
     ///     never empty (collections and optionals have their own initializers).
     public init(
@@ -115,16 +122,17 @@ public struct AsyncState<Value: Sendable>: Sendable {
         timeout: Duration? = nil,
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
+        refreshAfter: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil
     ) {
         self.init(
-            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate,
+            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate, refreshAfter,
             isEmpty: isEmpty ?? { _ in false })
     }
 
     /// Creates a state holding a collection; an empty collection is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:isEmpty:)-4kqee``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:)-7patn``;
     /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
     public init(
         wrappedValue: Value,
@@ -134,16 +142,17 @@ public struct AsyncState<Value: Sendable>: Sendable {
         timeout: Duration? = nil,
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
+        refreshAfter: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil
     ) where Value: Collection {
         self.init(
-            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate,
+            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate, refreshAfter,
             isEmpty: isEmpty ?? { $0.isEmpty })
     }
 
     /// Creates a state holding an optional; `nil` is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:isEmpty:)-4kqee``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:)-7patn``;
     /// `isEmpty` overrides `== nil` as the emptiness test.
     public init<Wrapped: Sendable>(
         wrappedValue: Value,
@@ -153,22 +162,23 @@ public struct AsyncState<Value: Sendable>: Sendable {
         timeout: Duration? = nil,
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
+        refreshAfter: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil
     ) where Value == Wrapped? {
         self.init(
-            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate,
+            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate, refreshAfter,
             isEmpty: isEmpty ?? { $0 == nil })
     }
 
     /// What the three public initializers share; they differ only in the default emptiness test.
     private init(
         _ initialValue: Value, _ expiry: Duration, _ clock: some Clock<Duration>, _ retry: RetryPolicy,
-        _ timeout: Duration?, _ failureExpiry: Duration, _ staleWhileRevalidate: Bool,
+        _ timeout: Duration?, _ failureExpiry: Duration, _ staleWhileRevalidate: Bool, _ refreshAfter: Duration?,
         isEmpty: @escaping @Sendable (Value) -> Bool
     ) {
         let configuration = StoreConfiguration(
             expiry: expiry, failureExpiry: failureExpiry, isEmpty: isEmpty, retry: retry, timeout: timeout,
-            staleWhileRevalidate: staleWhileRevalidate)
+            staleWhileRevalidate: staleWhileRevalidate, refreshAfter: refreshAfter)
         store = AsyncStateStore(initialValue: initialValue, configuration: configuration, clock: StoreClock(clock))
     }
 

@@ -101,7 +101,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     init(initialValue: Value, configuration: StoreConfiguration<Value>, clock: StoreClock) {
         self.clock = clock
         staleWhileRevalidate = configuration.staleWhileRevalidate
-        cell = SnapshotCell(value: initialValue, expiry: configuration.expiry)
+        cell = SnapshotCell(
+            value: initialValue, expiry: configuration.expiry, refreshAfter: configuration.refreshAfter)
         core = LockedValue(
             Core(
                 machine: Machine(
@@ -139,7 +140,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             {
             case .returnValue(let value):
                 return .value(value)
-            case .returnStaleAndStart(let value, let attempt):
+            case .returnValueAndStart(let value, let attempt):
                 start(attempt, at: now, in: &core, &effects)
                 return .value(value)
             case .fail(let error):

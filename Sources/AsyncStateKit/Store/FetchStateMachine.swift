@@ -48,8 +48,12 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         var startedAt: Duration
         /// Failed attempts so far.
         var failures: Int
-        /// A background flight (stale-while-revalidate): it goes on when its waiters leave.
+        /// A background flight (stale-while-revalidate, refresh ahead): it goes on when its waiters
+        /// leave.
         var keepAlive: Bool
+        /// A refresh ahead, started while the data was still fresh: if it fails, the data stays fresh
+        /// until its own expiry.
+        var refreshesAhead: Bool
         /// The jitter generator for this flight's retries.
         var random: SplitMix64
     }
@@ -96,9 +100,9 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     enum FetchAction {
         /// Give the caller this value now; it does not wait. Nothing starts.
         case returnValue(Value)
-        /// Give the caller this stale value now and start this background attempt (a new flight with
-        /// no waiters). Publish.
-        case returnStaleAndStart(Value, Attempt)
+        /// Give the caller this value now — stale (stale-while-revalidate) or fresh but due for a refresh
+        /// ahead — and start this background attempt (a new flight with no waiters). Publish.
+        case returnValueAndStart(Value, Attempt)
         /// Throw this error to the caller now (a cached failure, a reentrant call, too many abandoned
         /// operations). Nothing changes.
         case fail(any Error)
@@ -206,6 +210,12 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         isWithinExpiry(since: freshSince, at: now, expiry: configuration.expiry)
     }
 
+    /// Whether fresh data is old enough at `now` for a refresh ahead (never without `refreshAfter`).
+    func isRefreshDue(at now: Duration) -> Bool {
+        guard let refreshAfter = configuration.refreshAfter, let freshSince else { return false }
+        return now - freshSince >= refreshAfter
+    }
+
     /// The cached failure, while the failure expiry says to answer with it instead of refetching.
     func cachedFailure(at now: Duration) -> (any Error)? {
         guard case .failure(let error) = phase, flight == nil,
@@ -231,7 +241,17 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         callerAttempts: [AttemptID] = []
     ) -> FetchAction {
         if mode == .ifExpired || mode == .staleWhileRevalidate {
-            if isFresh(at: now) { return .returnValue(value) }
+            if isFresh(at: now) {
+                // Refresh ahead: fresh data old enough starts one background refresh, unless one runs,
+                // a failed one is within the failure expiry, or the caller is that refresh itself.
+                guard isRefreshDue(at: now), flight == nil, cachedFailure(at: now) == nil,
+                    !isReentrant(callerAttempts),
+                    let attempt = begin(
+                        waiter: nil, operation: operation, now: now, policy: policy, keepAlive: true,
+                        refreshesAhead: true)
+                else { return .returnValue(value) }
+                return .returnValueAndStart(value, attempt)
+            }
             if let error = cachedFailure(at: now) {
                 return mode == .staleWhileRevalidate && hasData ? .returnValue(value) : .fail(error)
             }
@@ -241,7 +261,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
             guard flight == nil else { return .returnValue(value) }
             guard let attempt = begin(waiter: nil, operation: operation, now: now, policy: policy, keepAlive: true)
             else { return .returnValue(value) }
-            return .returnStaleAndStart(value, attempt)
+            return .returnValueAndStart(value, attempt)
         }
         if flight != nil, mode != .always {
             // In place: binding the flight to a local first would make this insert copy every
@@ -416,7 +436,8 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     /// over its waiters (without copying them) and the phase it restores if cancelled. Returns `nil`,
     /// starting nothing, while too many abandoned operations still run.
     private mutating func begin(
-        waiter: WaiterID?, operation: Operation, now: Duration, policy: RetryPolicy?, keepAlive: Bool
+        waiter: WaiterID?, operation: Operation, now: Duration, policy: RetryPolicy?, keepAlive: Bool,
+        refreshesAhead: Bool = false
     ) -> Attempt? {
         guard abandoned.count < AsyncStateLimits.abandonedOperations else { return nil }
         let policy = policy ?? configuration.retry
@@ -427,12 +448,12 @@ struct FetchStateMachine<Value: Sendable, Operation> {
                 Flight(
                     id: id, operation: operation, attempt: attempt, retryAt: nil, waiters: waiter.map { [$0] } ?? [],
                     phaseBefore: phase, expiresOnArrival: false, policy: policy, startedAt: now, failures: 0,
-                    keepAlive: keepAlive, random: random))
+                    keepAlive: keepAlive, refreshesAhead: refreshesAhead, random: random))
         } else {
             mutateFlight { flight in
                 (flight.id, flight.operation, flight.attempt, flight.retryAt) = (id, operation, attempt, nil)
                 (flight.expiresOnArrival, flight.policy, flight.startedAt, flight.failures) = (false, policy, now, 0)
-                (flight.keepAlive, flight.random) = (keepAlive, random)
+                (flight.keepAlive, flight.refreshesAhead, flight.random) = (keepAlive, refreshesAhead, random)
                 if let waiter { flight.waiters.insert(waiter) }
             }
         }
@@ -477,7 +498,8 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         let current = flight!
         setFlight(nil)
         phase = .failure(error)
-        freshSince = nil
+        // A failed refresh ahead leaves the data fresh until its own expiry (unless invalidated).
+        if !current.refreshesAhead { freshSince = nil }
         failedAt = configuration.failureExpiry > .zero ? now : nil
         return .settle(waiters: current.waiters, result: .failure(error))
     }

@@ -20,13 +20,17 @@ final class SnapshotCell<Value: Sendable>: Sendable {
 
     /// How long data stays fresh (zero or less: never).
     @usableFromInline let expiry: Duration
+    /// How long a hit is answered here, without the store: the expiry, or the refresh-ahead age when
+    /// there is one (an older hit goes to the store, which may start the refresh).
+    @usableFromInline let hitWindow: Duration
     /// How many snapshots a subscriber that does not keep up may have queued; older ones are dropped.
     static var subscriberBuffer: Int { 64 }
 
     @usableFromInline let contents: LockedValue<Contents>
 
-    init(value: Value, expiry: Duration) {
+    init(value: Value, expiry: Duration, refreshAfter: Duration? = nil) {
         self.expiry = expiry
+        hitWindow = refreshAfter ?? expiry
         contents = LockedValue(
             Contents(snapshot: AsyncSnapshot(value: value, phase: .initial, isExpired: true), freshSince: nil))
     }
@@ -47,10 +51,11 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         contents.withLock { $0.snapshot(at: now, expiry: expiry) }
     }
 
-    /// The value if the data is fresh at `now`, else `nil`: the hit path of `value` and `fetch`.
+    /// The value if the data is fresh at `now` (and not due for a refresh ahead), else `nil`: the hit
+    /// path of `value` and `fetch`.
     @inlinable func freshValue(at now: Duration) -> Value? {
         contents.withLock { contents in
-            isWithinExpiry(since: contents.freshSince, at: now, expiry: expiry) ? contents.snapshot.value : nil
+            isWithinExpiry(since: contents.freshSince, at: now, expiry: hitWindow) ? contents.snapshot.value : nil
         }
     }
 

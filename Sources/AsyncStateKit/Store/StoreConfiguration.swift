@@ -13,13 +13,17 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
     var timeout: Duration?
     /// Whether `value` serves stale data at once and refreshes it in the background.
     var staleWhileRevalidate: Bool
+    /// The age at which a hit on fresh data starts a background refresh; `nil` for never.
+    var refreshAfter: Duration?
 
     /// Normalizes: every duration is clamped to `0...AsyncStateLimits.maximumDuration`; a zero or
     /// negative `timeout` means none (documented on ``AsyncState``), so it cannot fail every attempt at
-    /// once.
+    /// once; a `refreshAfter` of zero or less, or not shorter than the expiry, means none (it could
+    /// only refresh on every hit, or never).
     init(
         expiry: Duration, failureExpiry: Duration = .zero, isEmpty: @escaping @Sendable (Value) -> Bool,
-        retry: RetryPolicy = .never, timeout: Duration? = nil, staleWhileRevalidate: Bool = false
+        retry: RetryPolicy = .never, timeout: Duration? = nil, staleWhileRevalidate: Bool = false,
+        refreshAfter: Duration? = nil
     ) {
         self.expiry = expiry.clampedToLimits
         self.failureExpiry = failureExpiry.clampedToLimits
@@ -27,5 +31,6 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
         self.retry = retry
         self.timeout = timeout.flatMap { $0 > .zero ? $0.clampedToLimits : nil }
         self.staleWhileRevalidate = staleWhileRevalidate
+        self.refreshAfter = refreshAfter.flatMap { $0 > .zero && $0 < self.expiry ? $0 : nil }
     }
 }
