@@ -18,6 +18,10 @@ public enum AsyncStateError: Error, Sendable, Hashable, CustomStringConvertible 
     /// without pause.
     case invalidInterval(Duration)
 
+    /// A batch operation (``AsyncStateFamily/values(for:retry:_:)``) returned no value for a key it
+    /// was asked for. That key's fetch fails with this error; the other keys are unaffected.
+    case missingFromBatch
+
     /// A readable explanation.
     public var description: String {
         switch self {
@@ -30,6 +34,8 @@ public enum AsyncStateError: Error, Sendable, Hashable, CustomStringConvertible 
             return "not started: \(limit) operations that timed out are still running (they ignore cancellation)"
         case .invalidInterval(let interval):
             return "run(every:) needs a positive interval, not \(interval)"
+        case .missingFromBatch:
+            return "the batch operation returned no value for this key"
         }
     }
 }

@@ -130,19 +130,33 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         async throws -> Value
     {
         try Task.checkCancellation()
+        switch try enter(operation, mode: mode, policy: policy) {
+        case .value(let value, _): return value
+        case .wait(let waiter, _): return try await wait(waiter)
+        }
+    }
+
+    /// The synchronous half of ``fetch(_:mode:policy:)``: the machine decides, under the lock, whether
+    /// the caller gets an answer now or waits for a flight (which this call may have started). A
+    /// ticket to wait on must be waited on (``wait(_:)``), or the flight keeps a waiter that never
+    /// leaves.
+    func enter(_ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy? = nil) throws
+        -> Ticket
+    {
         let attempts = callerAttempts
-        let ticket = try withCore { core, effects -> Ticket in
+        return try withCore { core, effects -> Ticket in
             let now = clock.now()
             let waiter = core.makeWaiter()
+            var started = false
             switch core.machine.fetch(
                 waiter: waiter, mode: mode, now: now, policy: policy, operation: operation,
                 callerAttempts: attempts)
             {
             case .returnValue(let value):
-                return .value(value)
+                return .value(value, started: false)
             case .returnValueAndStart(let value, let attempt):
                 start(attempt, at: now, in: &core, &effects)
-                return .value(value)
+                return .value(value, started: true)
             case .fail(let error):
                 throw error
             case .join:
@@ -150,24 +164,25 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             case .start(let attempt, let replacing):
                 if replacing { endFlightTasks(in: &core, &effects) }
                 start(attempt, at: now, in: &core, &effects)
+                started = true
             }
             // Announced under the lock, so that an outcome arriving before the caller suspends is kept.
             waiters.add(waiter)
-            return .wait(waiter)
-        }
-        switch ticket {
-        case .value(let value): return value
-        case .wait(let waiter): return try await wait(waiter)
+            return .wait(waiter, started: started)
         }
     }
 
-    /// What a caller gets from the machine: an answer now, or a waiter id to wait on.
-    private enum Ticket {
+    /// What a caller gets from the machine: an answer now, or a waiter id to wait on. `started`: this
+    /// call started a flight (a background one, with an answer now).
+    enum Ticket {
         /// The answer, at once.
-        case value(Value)
+        case value(Value, started: Bool)
         /// Wait for this waiter.
-        case wait(Machine.WaiterID)
+        case wait(Machine.WaiterID, started: Bool)
     }
+
+    /// Whether a flight is in flight (and so may have waiters): a family never evicts such an entry.
+    var isBusy: Bool { core.withLock { $0.machine.flight != nil } }
 
     /// Retries (see ``FetchStateMachine/retry(waiter:operation:now:callerAttempts:)``) and waits for the
     /// flight; returns at once when there is nothing to retry.
@@ -334,7 +349,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
 
     /// Suspends the caller until its waiter is resumed. A cancelled caller leaves at once and tells the
     /// machine, which ends the flight if it was the last waiter.
-    private func wait(_ waiter: Machine.WaiterID) async throws -> Value {
+    func wait(_ waiter: Machine.WaiterID) async throws -> Value {
         try await waiters.wait(waiter) { self.waiterCancelled(waiter) }
     }
 

@@ -1,0 +1,330 @@
+/// A family of fetched values, one per key, each with the semantics of an ``AsyncState`` — in
+/// bounded memory.
+///
+/// ```swift
+/// struct ProfileService {
+///     @AsyncStateFamily(expiry: .seconds(60), capacity: 10_000, idleExpiry: .seconds(600))
+///     var profiles: [UserID: Profile]
+///
+///     func profile(_ id: UserID) async throws -> Profile {
+///         try await $profiles.value(for: id) { id in try await database.profile(id) }
+///     }
+/// }
+/// ```
+///
+/// Each key has its own phase, expiry, single flight, retries, timeout, stale-while-revalidate,
+/// refresh ahead, negative cache, `set`, `invalidate`, `cancel`, snapshot and `updates` — exactly
+/// those of an ``AsyncState`` declared with the same arguments. Fifty concurrent requests for one key
+/// run one operation; requests for different keys run in parallel and never wait for each other.
+///
+/// ## Bounded memory
+///
+/// - **Capacity.** The family holds at most `capacity` entries. A new key beyond it evicts the least
+///   recently used entries (LRU: a read with `value`, `fetch`, `refresh` or `values` counts as a use;
+///   `subscript`, `snapshot(for:)` and `updates(for:)` do not). An entry whose fetch is in flight is
+///   never evicted: while every candidate is busy the family runs over capacity, and evicts once
+///   they settle. A family of 1,024 or more entries is split into shards (4, or 16 from 4,096), each
+///   with its own lock, LRU list and equal share of the capacity: LRU order is then exact within a
+///   shard, as in Guava's segmented cache.
+/// - **Idle expiry.** With `idleExpiry`, an entry not used for that long is removed (TanStack Query's
+///   `gcTime`, Caffeine's `expireAfterAccess`) — at that instant on the family's clock, by one sweeper
+///   task per family that sleeps until the oldest entry's deadline, not a timer per key.
+/// - **Removal callback.** `onRemoval` is told of every entry that leaves, with its last value and
+///   why (``AsyncStateFamilyRemovalReason``), after every lock is released.
+///
+/// A removed or evicted entry's fetch in flight is cancelled (only `remove`; eviction skips them) and
+/// its `updates(for:)` streams finish. A later request for the key starts from nothing.
+///
+/// ## Batches
+///
+/// ``values(for:retry:_:)`` asks for many keys at once, like GraphQL's DataLoader or Caffeine's
+/// `getAll`: one operation loads every key that is neither fresh nor in flight; keys in flight join
+/// their flights; each key keeps its own phase and error.
+///
+/// ## Lifetime
+///
+/// As for ``AsyncState``: an entry keeps an operation only while its fetch is in flight, so an
+/// operation capturing the family's owner never keeps the owner alive.
+@propertyWrapper
+public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Sendable {
+    /// The operation that fetches one key's value.
+    public typealias Operation = @Sendable (Key) async throws -> Value
+    /// The operation that fetches many keys' values at once; a key missing from its answer fails
+    /// with ``AsyncStateError/missingFromBatch``.
+    public typealias BatchOperation = @Sendable ([Key]) async throws -> [Key: Value]
+
+    let core: FamilyCore<Key, Value>
+
+    /// Creates an empty family.
+    ///
+    /// - Parameters:
+    ///   - expiry: How long each key's fetched data stays fresh. Defaults to 120 seconds.
+    ///   - capacity: The most entries the family holds; values below 1 mean 1. Defaults to 10,000.
+    ///   - idleExpiry: An entry not used for this long is removed; `nil` (the default), zero or less:
+    ///     never.
+    ///   - clock: The clock of every expiry, retry, timeout and the idle sweep. Defaults to
+    ///     `ContinuousClock()`; pass a `VirtualClock` in tests.
+    ///   - retry: How each key's failed fetches are retried.
+    ///   - timeout: The longest one attempt may run (see ``AsyncState``).
+    ///   - failureExpiry: How long each key's failure is answered from memory.
+    ///   - staleWhileRevalidate: Serve a key's stale value at once and refresh it in the background.
+    ///   - refreshAfter: Refresh ahead: a hit on a key's data at least this old, but still fresh,
+    ///     returns it and starts one background refresh (see ``AsyncState``).
+    ///   - isEmpty: Decides whether a fetched value is ``AsyncPhase/empty``. Defaults to never.
+    ///   - onRemoval: Called when an entry leaves the family or its value is replaced by
+    ///     ``set(_:for:)``, with the key, its last value and the reason; after every lock is
+    ///     released, on the thread that caused it. Keep it short.
+    public init(
+        expiry: Duration = .seconds(120),
+        capacity: Int = 10_000,
+        idleExpiry: Duration? = nil,
+        clock: some Clock<Duration> = ContinuousClock(),
+        retry: RetryPolicy = .never,
+        timeout: Duration? = nil,
+        failureExpiry: Duration = .zero,
+        staleWhileRevalidate: Bool = false,
+        refreshAfter: Duration? = nil,
+        isEmpty: (@Sendable (Value) -> Bool)? = nil,
+        onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil
+    ) {
+        let isEmpty = isEmpty ?? { _ in false }
+        let configuration = StoreConfiguration<Value?>(
+            expiry: expiry, failureExpiry: failureExpiry, isEmpty: { $0.map(isEmpty) ?? false }, retry: retry,
+            timeout: timeout, staleWhileRevalidate: staleWhileRevalidate, refreshAfter: refreshAfter)
+        core = FamilyCore(
+            capacity: capacity, idleExpiry: idleExpiry, configuration: configuration, clock: StoreClock(clock),
+            onRemoval: onRemoval)
+    }
+
+    /// Creates a family holding `wrappedValue`'s values, fresh from now, as if each were given to
+    /// ``set(_:for:)`` (beyond the capacity, the first ones are evicted).
+    ///
+    /// The other parameters are those of
+    /// ``init(expiry:capacity:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:)``.
+    public init(
+        wrappedValue: [Key: Value],
+        expiry: Duration = .seconds(120),
+        capacity: Int = 10_000,
+        idleExpiry: Duration? = nil,
+        clock: some Clock<Duration> = ContinuousClock(),
+        retry: RetryPolicy = .never,
+        timeout: Duration? = nil,
+        failureExpiry: Duration = .zero,
+        staleWhileRevalidate: Bool = false,
+        refreshAfter: Duration? = nil,
+        isEmpty: (@Sendable (Value) -> Bool)? = nil,
+        onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil
+    ) {
+        self.init(
+            expiry: expiry, capacity: capacity, idleExpiry: idleExpiry, clock: clock, retry: retry,
+            timeout: timeout, failureExpiry: failureExpiry, staleWhileRevalidate: staleWhileRevalidate,
+            refreshAfter: refreshAfter, isEmpty: isEmpty, onRemoval: onRemoval)
+        for (key, value) in wrappedValue { set(value, for: key) }
+    }
+
+    // MARK: Reading
+
+    /// The values the family holds now, by key (a copy; keys without a value are left out).
+    public var wrappedValue: [Key: Value] {
+        var values: [Key: Value] = [:]
+        for (key, store) in core.entries {
+            if let value = store.cell.value { values[key] = value }
+        }
+        return values
+    }
+
+    /// The family itself: `$profiles.value(for:) { … }` and the rest of the API.
+    public var projectedValue: AsyncStateFamily<Key, Value> { self }
+
+    /// The latest value of `key`, or `nil` if it has none (never fetched, or not in the family). Does
+    /// not count as a use.
+    public subscript(key: Key) -> Value? {
+        core.peek(key)?.cell.value ?? nil
+    }
+
+    /// The current snapshot of `key` — its value (`nil` before its first fetch), phase, expiry and
+    /// metadata — or `nil` when the key has no entry. Does not count as a use.
+    public func snapshot(for key: Key) -> AsyncSnapshot<Value?>? {
+        core.peek(key).map { $0.cell.snapshot(at: core.clock.now()) }
+    }
+
+    /// The snapshots of every entry.
+    public var snapshots: [Key: AsyncSnapshot<Value?>] {
+        let now = core.clock.now()
+        var snapshots: [Key: AsyncSnapshot<Value?>] = [:]
+        for (key, store) in core.entries { snapshots[key] = store.cell.snapshot(at: now) }
+        return snapshots
+    }
+
+    /// The number of entries (keys with a value, a fetch in flight, a failure or a subscriber).
+    public var count: Int { core.count }
+
+    /// `key`'s current snapshot first, then one per transition, in order, like
+    /// ``AsyncState/updates``. Makes the key's entry if it has none (without counting as a use); the
+    /// stream finishes when the entry leaves the family (removed, evicted or idle).
+    public func updates(for key: Key) -> AsyncStream<AsyncSnapshot<Value?>> {
+        let store = core.peek(key) ?? core.access(key, at: core.clock.now())
+        return store.cell.subscribe(at: core.clock.now())
+    }
+
+    // MARK: Fetching
+
+    /// Returns `key`'s value, fetching it with `operation` unless it is fresh, like
+    /// ``AsyncState/value(retry:_:)``: concurrent callers for one key share one fetch.
+    ///
+    /// - Parameters:
+    ///   - key: The key; its entry is made if it has none.
+    ///   - retry: The retry policy for a fetch this call starts; `nil` for the family's.
+    ///   - operation: Fetches the value of the key it is given.
+    /// - Throws: What ``AsyncState/value(retry:_:)`` throws.
+    public nonisolated(nonsending) func value(
+        for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
+    ) async throws -> Value {
+        let now = core.clock.now()
+        let store = core.access(key, at: now)
+        if let fresh = store.cell.freshValue(at: now), let fresh { return fresh }
+        let mode: AsyncStateStore<Value?>.Machine.FetchMode =
+            store.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
+        return try await fetch(key, from: store, mode: mode, retry: retry, operation)
+    }
+
+    /// Fetches `key` unless it is fresh, like ``AsyncState/fetch(retry:_:)``; never throws (the outcome
+    /// is in the key's snapshot).
+    public nonisolated(nonsending) func fetch(
+        for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
+    ) async {
+        let now = core.clock.now()
+        let store = core.access(key, at: now)
+        if store.cell.freshValue(at: now) != nil { return }
+        _ = try? await fetch(key, from: store, mode: .ifExpired, retry: retry, operation)
+    }
+
+    /// Fetches `key` now, fresh or not, like ``AsyncState/refresh(retry:_:)``.
+    public nonisolated(nonsending) func refresh(
+        for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
+    ) async {
+        let store = core.access(key, at: core.clock.now())
+        _ = try? await fetch(key, from: store, mode: .always, retry: retry, operation)
+    }
+
+    /// Returns the values of `keys`: one run of `operation` loads every key that is neither fresh
+    /// nor in flight; a key in flight joins its flight; a fresh key is answered at once.
+    ///
+    /// ```swift
+    /// let results = await $profiles.values(for: ids) { missing in try await database.profiles(missing) }
+    /// ```
+    ///
+    /// Each key gets its own result and phase: a key missing from the operation's answer fails with
+    /// ``AsyncStateError/missingFromBatch``; a failed batch fails each of its keys. A key's retries
+    /// (its retry policy) load that key alone. Duplicate keys are asked once.
+    ///
+    /// - Parameters:
+    ///   - keys: The keys; their entries are made if they have none.
+    ///   - retry: The retry policy of the flights this call starts; `nil` for the family's.
+    ///   - operation: Loads the keys it is given, once for all of them.
+    /// - Returns: Every requested key's value or error.
+    public nonisolated(nonsending) func values(
+        for keys: some Sequence<Key>, retry: RetryPolicy? = nil, _ operation: @escaping BatchOperation
+    ) async -> [Key: Result<Value, any Error>] {
+        var results: [Key: Result<Value, any Error>] = [:]
+        if Task.isCancelled {
+            for key in keys { results[key] = .failure(CancellationError()) }
+            return results
+        }
+        let now = core.clock.now()
+        let batch = BatchLoad<Key, Value>(operation: operation)
+        var waiting: [(Key, AsyncStateStore<Value?>, UInt64)] = []
+        var started: [Key] = []
+        var seen = Set<Key>()
+        for key in keys where seen.insert(key).inserted {
+            let store = core.access(key, at: now)
+            let mode: AsyncStateStore<Value?>.Machine.FetchMode =
+                store.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
+            do {
+                switch try store.enter({ try await batch.value(for: key) }, mode: mode, policy: retry) {
+                case .value(let value?, let didStart):
+                    results[key] = .success(value)
+                    if didStart { started.append(key) }  // a background refresh (stale or ahead)
+                case .value(nil, _):
+                    preconditionFailure("a family's entry answered without a value")
+                case .wait(let waiter, let didStart):
+                    waiting.append((key, store, waiter))
+                    if didStart { started.append(key) }
+                }
+            } catch {
+                results[key] = .failure(error)
+            }
+        }
+        // Every flight this call started is known: the batch loads exactly their keys.
+        batch.start(started, executor: core.clock.executor)
+        for (key, store, waiter) in waiting {
+            do {
+                guard let value = try await store.wait(waiter) else {
+                    preconditionFailure("a family's entry answered without a value")
+                }
+                results[key] = .success(value)
+            } catch {
+                results[key] = .failure(error)
+            }
+            core.trim(after: key)
+        }
+        return results
+    }
+
+    /// The miss path: waits for `key`'s store to answer.
+    private nonisolated(nonsending) func fetch(
+        _ key: Key, from store: AsyncStateStore<Value?>, mode: AsyncStateStore<Value?>.Machine.FetchMode,
+        retry: RetryPolicy?, _ operation: @escaping Operation
+    ) async throws -> Value {
+        defer { core.trim(after: key) }
+        let value = try await store.fetch({ try await operation(key) }, mode: mode, policy: retry)
+        guard let value else { preconditionFailure("a family's entry answered without a value") }
+        return value
+    }
+
+    // MARK: Changing one key
+
+    /// Writes `value` for `key`, fresh from now, like ``AsyncState/set(_:)`` (a fetch in flight for the
+    /// key ends and its callers get `value`). Reports the value it replaced, if any, as
+    /// ``AsyncStateFamilyRemovalReason/replaced``.
+    public func set(_ value: Value, for key: Key) {
+        let store = core.access(key, at: core.clock.now())
+        let previous = store.cell.value
+        store.set(value)
+        if let previous { core.reportReplaced(key, previous) }
+    }
+
+    /// Marks `key`'s data expired, like ``AsyncState/invalidate()``; no entry, nothing to do.
+    public func invalidate(_ key: Key) {
+        core.peek(key)?.invalidate()
+    }
+
+    /// Cancels `key`'s fetch in flight, like ``AsyncState/cancel()``.
+    public func cancel(_ key: Key) {
+        core.peek(key)?.cancel()
+    }
+
+    /// Removes `key`'s entry: its fetch in flight is cancelled (its callers get `CancellationError`),
+    /// its `updates(for:)` streams finish, and `onRemoval` is told. Returns whether there was one.
+    @discardableResult
+    public func remove(_ key: Key) -> Bool {
+        core.remove(key)
+    }
+
+    // MARK: Changing every key
+
+    /// Marks the data of every key that `isIncluded` accepts expired.
+    public func invalidate(where isIncluded: (Key) throws -> Bool) rethrows {
+        for (key, store) in core.entries where try isIncluded(key) { store.invalidate() }
+    }
+
+    /// Marks every key's data expired.
+    public func invalidateAll() {
+        for (_, store) in core.entries { store.invalidate() }
+    }
+
+    /// Removes every entry, as ``remove(_:)`` does each.
+    public func removeAll() {
+        core.removeAll()
+    }
+}
