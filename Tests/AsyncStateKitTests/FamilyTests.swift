@@ -305,6 +305,7 @@ final class RemovalLog: Sendable {
         #expect(family.snapshot(for: 5)?.phase.name == "success")
         // Now all fresh: nothing runs.
         let again = await family.values(for: [1, 2, 3], source.batch())
+        await clock.advance(by: .zero)
         #expect(again.count == 3)
         #expect(source.batchRuns.count == 1)
     }

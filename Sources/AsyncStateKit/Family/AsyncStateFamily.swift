@@ -256,7 +256,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
             }
         }
         // Every flight this call started is known: the batch loads exactly their keys.
-        batch.start(started, executor: core.clock.executor)
+        if !started.isEmpty { batch.start(started, executor: core.clock.executor) }
         for (key, store, waiter) in waiting {
             do {
                 guard let value = try await store.wait(waiter) else {
