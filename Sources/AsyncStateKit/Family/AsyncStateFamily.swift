@@ -53,7 +53,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// with ``AsyncStateError/missingFromBatch``.
     public typealias BatchOperation = @Sendable ([Key]) async throws -> [Key: Value]
 
-    let core: FamilyCore<Key, Value>
+    @usableFromInline let core: FamilyCore<Key, Value>
 
     /// Creates an empty family.
     ///
@@ -177,14 +177,24 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ///   - retry: The retry policy for a fetch this call starts; `nil` for the family's.
     ///   - operation: Fetches the value of the key it is given.
     /// - Throws: What ``AsyncState/value(retry:_:)`` throws.
+    @inlinable
     public nonisolated(nonsending) func value(
         for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
     ) async throws -> Value {
-        let now = core.clock.now()
-        let store = core.access(key, at: now)
-        if let fresh = store.cell.freshValue(at: now), let fresh { return fresh }
+        // The hit path is inlined into the caller (and specialized there): a clock read, the shard's
+        // lock and, under it, the entry's.
+        if let fresh = core.freshValue(of: key, at: core.clock.now()) { return fresh }
+        return try await fetchFromStore(key, servesStale: true, retry: retry, operation)
+    }
+
+    /// The miss path of ``value(for:retry:_:)``.
+    @usableFromInline
+    nonisolated(nonsending) func fetchFromStore(
+        _ key: Key, servesStale: Bool, retry: RetryPolicy?, _ operation: @escaping Operation
+    ) async throws -> Value {
+        let store = core.access(key, at: core.clock.now())
         let mode: AsyncStateStore<Value?>.Machine.FetchMode =
-            store.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
+            servesStale && store.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
         return try await fetch(key, from: store, mode: mode, retry: retry, operation)
     }
 
@@ -193,10 +203,8 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     public nonisolated(nonsending) func fetch(
         for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
     ) async {
-        let now = core.clock.now()
-        let store = core.access(key, at: now)
-        if store.cell.freshValue(at: now) != nil { return }
-        _ = try? await fetch(key, from: store, mode: .ifExpired, retry: retry, operation)
+        if core.freshValue(of: key, at: core.clock.now()) != nil { return }
+        _ = try? await fetch(key, from: core.access(key, at: core.clock.now()), mode: .ifExpired, retry: retry, operation)
     }
 
     /// Fetches `key` now, fresh or not, like ``AsyncState/refresh(retry:_:)``.

@@ -4,37 +4,46 @@
 ///
 /// The list is exact LRU order, so it serves both eviction for size (drop the least recently used)
 /// and idle expiry (the least recently used entry is the first to reach its idle deadline).
+///
+/// The hit path (`access` of a present key) is inlinable, so that it is specialized for the caller's
+/// key and value types: unspecialized, every step would look up generic metadata.
+@usableFromInline
 struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
-    typealias Store = AsyncStateStore<Value?>
+    @usableFromInline typealias Store = AsyncStateStore<Value?>
 
     /// One key's entry: its store and its place on the list (slot indices; -1 for none).
+    @usableFromInline
     struct Node {
-        var key: Key
-        var store: Store
-        var lastAccess: Duration
-        var newer: Int32 = -1
-        var older: Int32 = -1
+        @usableFromInline var key: Key
+        @usableFromInline var store: Store
+        @usableFromInline var lastAccess: Duration
+        @usableFromInline var newer: Int32 = -1
+        @usableFromInline var older: Int32 = -1
+
+        @usableFromInline
+        init(key: Key, store: Store, lastAccess: Duration) {
+            self.key = key
+            self.store = store
+            self.lastAccess = lastAccess
+        }
     }
 
     /// An entry that left the shard, for the removal callback (called after the lock is released).
+    @usableFromInline
     struct Removed {
-        var key: Key
-        var store: Store
-        var reason: AsyncStateFamilyRemovalReason
+        @usableFromInline var key: Key
+        @usableFromInline var store: Store
+        @usableFromInline var reason: AsyncStateFamilyRemovalReason
     }
 
-    private var index: [Key: Int32] = [:]
-    private var nodes: [Node?] = []
-    private var freeSlots: [Int32] = []
+    @usableFromInline var index: [Key: Int32] = [:]
+    @usableFromInline var nodes: [Node?] = []
+    @usableFromInline var freeSlots: [Int32] = []
     /// The most and least recently used entries.
-    private var newest: Int32 = -1
-    private var oldest: Int32 = -1
-    /// How many entries this shard may hold (its share of the family's capacity).
-    let capacity: Int
+    @usableFromInline var newest: Int32 = -1
+    @usableFromInline var oldest: Int32 = -1
 
-    init(capacity: Int) {
-        self.capacity = capacity
-    }
+    init() {}
 
     var count: Int { index.count }
 
@@ -44,11 +53,9 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// The store of `key`, made with `make` if it has none; the access at `now` makes it the most
-    /// recently used. A new entry may push the shard past its capacity: the least recently used
-    /// entries that are not busy are then evicted into `removed`.
-    mutating func access(_ key: Key, at now: Duration, removed: inout [Removed], make: () -> Store) -> (
-        store: Store, inserted: Bool
-    ) {
+    /// recently used.
+    @inlinable
+    mutating func access(_ key: Key, at now: Duration, make: () -> Store) -> (store: Store, inserted: Bool) {
         if let slot = index[key] {
             touch(slot, at: now)
             return (nodes[Int(slot)]!.store, false)
@@ -57,25 +64,36 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         let slot = allocate(Node(key: key, store: store, lastAccess: now))
         index[key] = slot
         linkAsNewest(slot)
-        trimToCapacity(sparing: slot, removed: &removed)
         return (store, true)
     }
 
-    /// Evicts least recently used entries that are not busy until the shard is within capacity. Busy
-    /// entries (a flight in flight) are skipped, and so is `sparing` (the entry just made, whose
-    /// caller is about to fetch); the shard may then stay over capacity until they settle and a
-    /// later trim evicts them.
-    mutating func trimToCapacity(sparing: Int32 = -1, removed: inout [Removed]) {
+    /// The hit path: if `key` has an entry, records the access at `now` and returns its value if it
+    /// is fresh (and not due for a refresh ahead). Reads the store without retaining it.
+    @inlinable
+    mutating func freshValue(of key: Key, at now: Duration) -> Value? {
+        guard let slot = index[key] else { return nil }
+        touch(slot, at: now)
+        return nodes[Int(slot)]!.store.cell.freshValue(at: now) ?? nil
+    }
+
+    /// Evicts up to `excess` least recently used entries that are not busy, into `removed`. Busy
+    /// entries (a flight in flight) are skipped, and so is `sparing` (an entry just made, whose
+    /// caller is about to fetch). Returns how many it evicted.
+    @usableFromInline
+    mutating func evict(_ excess: Int, sparing: Key? = nil, into removed: inout [Removed]) -> Int {
+        var evicted = 0
         var slot = oldest
-        while index.count > capacity, slot != -1 {
+        while evicted < excess, slot != -1 {
             let node = nodes[Int(slot)]!
             let newer = node.newer
-            if slot != sparing, !node.store.isBusy {
+            if node.key != sparing, !node.store.isBusy {
                 remove(slot)
                 removed.append(Removed(key: node.key, store: node.store, reason: .evicted))
+                evicted += 1
             }
             slot = newer
         }
+        return evicted
     }
 
     /// Removes the entries last accessed at or before `deadline` (idle), oldest first. A busy one is
@@ -107,7 +125,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// Removes every entry; returns them.
     mutating func removeAll() -> [(Key, Store)] {
         let all = nodes.compactMap { $0.map { ($0.key, $0.store) } }
-        self = FamilyShard(capacity: capacity)
+        self = FamilyShard()
         return all
     }
 
@@ -118,7 +136,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     // MARK: The list
 
-    private mutating func allocate(_ node: Node) -> Int32 {
+    @inlinable
+    mutating func allocate(_ node: Node) -> Int32 {
         if let slot = freeSlots.popLast() {
             nodes[Int(slot)] = node
             return slot
@@ -127,21 +146,23 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         return Int32(nodes.count - 1)
     }
 
-    private mutating func remove(_ slot: Int32) {
+    mutating func remove(_ slot: Int32) {
         unlink(slot)
         index[nodes[Int(slot)]!.key] = nil
         nodes[Int(slot)] = nil
         freeSlots.append(slot)
     }
 
-    private mutating func touch(_ slot: Int32, at now: Duration) {
+    @inlinable
+    mutating func touch(_ slot: Int32, at now: Duration) {
         nodes[Int(slot)]!.lastAccess = now
         guard slot != newest else { return }
         unlink(slot)
         linkAsNewest(slot)
     }
 
-    private mutating func linkAsNewest(_ slot: Int32) {
+    @inlinable
+    mutating func linkAsNewest(_ slot: Int32) {
         nodes[Int(slot)]!.older = newest
         nodes[Int(slot)]!.newer = -1
         if newest != -1 { nodes[Int(newest)]!.newer = slot }
@@ -149,7 +170,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         if oldest == -1 { oldest = slot }
     }
 
-    private mutating func unlink(_ slot: Int32) {
+    @inlinable
+    mutating func unlink(_ slot: Int32) {
         let (newer, older) = (nodes[Int(slot)]!.newer, nodes[Int(slot)]!.older)
         if newer != -1 { nodes[Int(newer)]!.older = older } else { newest = older }
         if older != -1 { nodes[Int(older)]!.newer = newer } else { oldest = newer }
