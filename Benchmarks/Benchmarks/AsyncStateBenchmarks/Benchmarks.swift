@@ -51,6 +51,58 @@ actor HandWrittenCache<Value: Sendable> {
     }
 }
 
+/// The cache most Swift developers write for many keys: an actor holding a task per key, and when
+/// each finished (`HandWrittenCache` is the same shape).
+typealias HandWrittenKeyedCache = HandWrittenCache<Int>
+
+/// An actor dictionary with a deadline per key: the shape of Hummingbird's `MemoryPersistDriver` and
+/// Vapor's memory cache (no single flight: a miss loads in every caller).
+actor TTLDictionary<Key: Hashable & Sendable, Value: Sendable> {
+    private var values: [Key: (value: Value, expires: ContinuousClock.Instant)] = [:]
+    private let clock = ContinuousClock()
+    private let expiry: Duration
+
+    init(expiry: Duration) {
+        self.expiry = expiry
+    }
+
+    func get(_ key: Key) -> Value? {
+        guard let entry = values[key], clock.now < entry.expires else { return nil }
+        return entry.value
+    }
+
+    func set(_ key: Key, _ value: Value) {
+        values[key] = (value, clock.now.advanced(by: expiry))
+    }
+}
+
+/// Families, caches and dictionaries filled once per process (filling a million keys takes longer
+/// than a benchmark's run, so it must not be part of every sample).
+final class Filled: Sendable {
+    static let shared = Filled()
+    private let made = Mutex<[String: any Sendable]>([:])
+
+    func value<T: Sendable>(_ name: String, _ make: () async throws -> T) async rethrows -> T {
+        if let existing = made.withLock({ $0[name] }) as? T { return existing }
+        let value = try await make()
+        made.withLock { $0[name] = value }
+        return value
+    }
+}
+
+/// `count` keys visited in a scattered order (a stride prime to the count), so that consecutive
+/// hits do not share cache lines.
+func scattered(_ count: Int) -> [Int] {
+    var keys: [Int] = []
+    keys.reserveCapacity(count)
+    var key = 0
+    for _ in 0..<count {
+        key = (key &+ 7_919) % count
+        keys.append(key)
+    }
+    return keys
+}
+
 /// An operation's source that answers when opened, or throws when its caller is cancelled.
 final class Gate: Sendable {
     private let state = Mutex<(open: Bool, waiting: [CheckedContinuation<Int, any Error>])>((false, []))
@@ -297,6 +349,110 @@ let benchmarks: @Sendable () -> Void = {
         }
     }
 
+    // MARK: A family of states: hits, a cold stampede over many keys, batches
+
+    for keys in [1_000, 1_000_000] {
+        let scale = keys == 1_000 ? "1000" : "1000000"
+        Benchmark("Family:hit-\(scale)-keys", configuration: nanosecondScale) { benchmark in
+            let family = await Filled.shared.value("family-\(keys)") {
+                let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
+                for key in 0..<keys { family.set(key, for: key) }
+                return family
+            }
+            let order = scattered(keys)
+            var next = 0
+            benchmark.startMeasurement()
+            for _ in benchmark.scaledIterations {
+                next = next == keys - 1 ? 0 : next + 1
+                blackHole(try await family.value(for: order[next]) { $0 })
+            }
+        }
+
+        Benchmark("Family:hand-written-actor-cache-\(scale)-keys(baseline)", configuration: nanosecondScale) {
+            benchmark in
+            let names = (0..<keys).map(String.init)
+            let cache = try await Filled.shared.value("cache-\(keys)") {
+                let cache = HandWrittenKeyedCache(expiry: .seconds(3_600))
+                for name in names { _ = try await cache.value(for: name, loadNumber) }
+                return cache
+            }
+            let order = scattered(keys)
+            var next = 0
+            benchmark.startMeasurement()
+            for _ in benchmark.scaledIterations {
+                next = next == keys - 1 ? 0 : next + 1
+                blackHole(try await cache.value(for: names[order[next]], loadNumber))
+            }
+        }
+
+        Benchmark("Family:actor-dictionary-with-TTL-\(scale)-keys(baseline)", configuration: nanosecondScale) {
+            benchmark in
+            let dictionary = await Filled.shared.value("dictionary-\(keys)") {
+                let dictionary = TTLDictionary<Int, Int>(expiry: .seconds(3_600))
+                for key in 0..<keys { await dictionary.set(key, key) }
+                return dictionary
+            }
+            let order = scattered(keys)
+            var next = 0
+            benchmark.startMeasurement()
+            for _ in benchmark.scaledIterations {
+                next = next == keys - 1 ? 0 : next + 1
+                blackHole(await dictionary.get(order[next]))
+            }
+        }
+    }
+
+    // 1,000 distinct keys, 10 concurrent callers each: exactly one run per key.
+    Benchmark("Family:cold-1000-keys-x10-callers", configuration: concurrencyScale) { benchmark in
+        for _ in benchmark.scaledIterations {
+            let family = AsyncStateFamily<Int, Int>(capacity: 1_000)
+            let runs = Counter()
+            let total = await withTaskGroup(of: Int.self) { group in
+                for caller in 0..<10_000 {
+                    group.addTask {
+                        (try? await family.value(for: caller % 1_000) { key in
+                            runs.increment()
+                            await Task.yield()
+                            return key
+                        }) ?? -1
+                    }
+                }
+                return await group.reduce(0, +)
+            }
+            if runs.value != 1_000 || total != 10 * 499_500 {
+                benchmark.error("\(runs.value) operation runs for 1,000 keys, total \(total)")
+            }
+        }
+    }
+
+    // 10,000 keys asked by 100 concurrent callers in overlapping batches of 200: every key loaded once.
+    Benchmark("Family:batched-10000-keys-100-callers", configuration: concurrencyScale) { benchmark in
+        for _ in benchmark.scaledIterations {
+            let family = AsyncStateFamily<Int, Int>(capacity: 10_000)
+            let loaded = Counter()
+            let batches = Counter()
+            let answered = await withTaskGroup(of: Int.self) { group in
+                for caller in 0..<100 {
+                    // Caller c asks for keys 100c ..< 100c + 200: each key is asked by two callers.
+                    let keys = (caller * 100..<caller * 100 + 200).map { $0 % 10_000 }
+                    group.addTask {
+                        let results = await family.values(for: keys) { missing in
+                            batches.increment()
+                            for _ in missing { loaded.increment() }
+                            await Task.yield()
+                            return Dictionary(uniqueKeysWithValues: missing.map { ($0, $0) })
+                        }
+                        return results.values.count { (try? $0.get()) != nil }
+                    }
+                }
+                return await group.reduce(0, +)
+            }
+            if loaded.value != 10_000 || answered != 20_000 {
+                benchmark.error("\(loaded.value) keys loaded in \(batches.value) batches, \(answered) answers")
+            }
+        }
+    }
+
     // MARK: The state machine alone
 
     Benchmark(
@@ -367,6 +523,20 @@ let benchmarks: @Sendable () -> Void = {
     // Bytes requested from malloc and still held, per fetched-then-idle state (deterministic). The
     // resident-set growth per state is measured in a fresh process by the MemoryPerState tool:
     // `swift run --package-path Benchmarks -c release MemoryPerState`.
+    // The same per entry of a family (besides its key and value).
+    Benchmark(
+        "Memory:heap-bytes-held-per-idle-family-entry",
+        configuration: .init(
+            metrics: [.memoryLeakedBytes, .mallocCountTotal], scalingFactor: .kilo, maxIterations: 20,
+            thresholds: [.memoryLeakedBytes: .init(relative: [.p90: 2]), .mallocCountTotal: .init(relative: [.p90: 2])])
+    ) { benchmark in
+        let family = AsyncStateFamily<Int, Int>(capacity: benchmark.scaledIterations.count)
+        benchmark.startMeasurement()
+        for index in benchmark.scaledIterations { family.set(index, for: index) }
+        benchmark.stopMeasurement()
+        blackHole(family)
+    }
+
     Benchmark(
         "Memory:heap-bytes-held-per-idle-state",
         configuration: .init(
