@@ -55,7 +55,8 @@ final class RemovalLog: Sendable {
     private let log = LockedValue<[String]>([])
     var entries: [String] { log.withLock { $0 } }
     var callback: @Sendable (Int, Int?, AsyncStateFamilyRemovalReason) -> Void {
-        { [self] key, value, reason in log.withLock { $0.append("\(key)=\(value.map(String.init) ?? "nil") \(reason)") } }
+        { [self] key, value, reason in log.withLock { $0.append("\(key)=\(value.map(String.init) ?? "nil") \(reason)") }
+        }
     }
 }
 
@@ -285,6 +286,90 @@ final class RemovalLog: Sendable {
         #expect(await service?.profiles == [3: "user 3"])
         service = nil
         #expect(weakService == nil)  // the family keeps no operation after its flight
+    }
+}
+
+/// Entries nobody uses are kept compact; they must behave exactly as their stores would.
+@Suite struct FamilyCompactEntryTests {
+    func isCompact(_ family: AsyncStateFamily<Int, Int>, _ key: Int) -> Bool {
+        if case .compact = family.core.peek(key) { return true } else { return false }
+    }
+
+    @Test func aSettledEntryIsCompactAndKeepsItsSnapshot() async throws {
+        let clock = VirtualClock()
+        let attempts = LockedValue(0)
+        let family = AsyncStateFamily<Int, Int>(
+            clock: clock, retry: .exponential(maxAttempts: 2, initial: .seconds(1)))
+        let caller = clock.task {
+            try await family.value(for: 1) { key in
+                let attempt = attempts.withLock {
+                    $0 += 1
+                    return $0
+                }
+                if attempt == 1 { throw SourceDown() }  // the retry succeeds: lastError stays
+                return key
+            }
+        }
+        await clock.advance(by: .zero)
+        #expect(!isCompact(family, 1))  // in flight
+        let live = family.core.peek(1).map { family.core.snapshot(of: $0, at: clock.now.offset) }
+        #expect(live?.phase.isLoading == true)
+        await clock.advance(by: .seconds(1))
+        #expect(try await caller.value == 1)
+        #expect(isCompact(family, 1))
+        let snapshot = try #require(family.snapshot(for: 1))
+        #expect(snapshot.value == 1)
+        #expect(snapshot.phase.name == "success")
+        #expect(snapshot.lastError is SourceDown)
+        #expect(snapshot.successCount == 1)
+        #expect(snapshot.lastSuccess == clock.date)
+        #expect(!snapshot.isExpired)
+
+        // Used again, it is restored with the same state: a refresh counts a second success.
+        await family.refresh(for: 1) { $0 * 10 }
+        #expect(family.snapshot(for: 1)?.successCount == 2)
+        #expect(family[1] == 10)
+        #expect(isCompact(family, 1))
+    }
+
+    @Test func aFailedEntryAndOneWithASubscriberStayLive() async throws {
+        let clock = VirtualClock()
+        let source = KeyedSource(clock: clock, duration: .zero, failing: [2])
+        let family = AsyncStateFamily<Int, Int>(clock: clock)
+        await family.fetch(for: 2, source.operation)
+        #expect(!isCompact(family, 2))  // a failure: its error and negative cache live in the store
+        let updates = family.updates(for: 3)
+        family.set(30, for: 3)
+        #expect(!isCompact(family, 3))  // someone listens
+        family.set(40, for: 4)
+        #expect(isCompact(family, 4))  // set on a new key: compact at once
+        withExtendedLifetime(updates) {}
+    }
+
+    @Test func aCompactEntryServesHitsExpiresAndRefreshesAhead() async throws {
+        let clock = VirtualClock()
+        let source = KeyedSource(clock: clock, duration: .seconds(1))
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(10), clock: clock, refreshAfter: .seconds(6))
+        family.set(5, for: 1)  // fresh from 0
+        await clock.advance(to: .init(offset: .s(5.9)))
+        #expect(try await family.value(for: 1, source.operation) == 5)
+        #expect(source.keys == [])
+        await clock.advance(to: .init(offset: .s(6)))
+        let answer = LockedValue<Int?>(nil)
+        clock.task {
+            let value = try await family.value(for: 1, source.operation)
+            answer.withLock { $0 = value }
+        }
+        await clock.advance(by: .zero)
+        #expect(answer.withLock { $0 } == 5)  // at once, and one refresh starts
+        #expect(source.calls.map(\.at) == [.s(6)])
+        await clock.advance(by: .seconds(1))
+        #expect(family[1] == 11)
+        family.invalidate(1)
+        #expect(family.snapshot(for: 1)?.isExpired == true)
+        let refetch = clock.task { try await family.value(for: 1, source.operation) }
+        await clock.advance(by: .seconds(1))
+        #expect(try await refetch.value == 12)
     }
 }
 

@@ -127,8 +127,8 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// The values the family holds now, by key (a copy; keys without a value are left out).
     public var wrappedValue: [Key: Value] {
         var values: [Key: Value] = [:]
-        for (key, store) in core.entries {
-            if let value = store.cell.value { values[key] = value }
+        for node in core.entries {
+            if let value = node.value { values[node.key] = value }
         }
         return values
     }
@@ -139,20 +139,24 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// The latest value of `key`, or `nil` if it has none (never fetched, or not in the family). Does
     /// not count as a use.
     public subscript(key: Key) -> Value? {
-        core.peek(key)?.cell.value ?? nil
+        switch core.peek(key) {
+        case .compact(let settled): return settled.value
+        case .live(let store): return store.cell.value
+        case nil: return nil
+        }
     }
 
     /// The current snapshot of `key` — its value (`nil` before its first fetch), phase, expiry and
     /// metadata — or `nil` when the key has no entry. Does not count as a use.
     public func snapshot(for key: Key) -> AsyncSnapshot<Value?>? {
-        core.peek(key).map { $0.cell.snapshot(at: core.clock.now()) }
+        core.peek(key).map { core.snapshot(of: $0, at: core.clock.now()) }
     }
 
     /// The snapshots of every entry.
     public var snapshots: [Key: AsyncSnapshot<Value?>] {
         let now = core.clock.now()
         var snapshots: [Key: AsyncSnapshot<Value?>] = [:]
-        for (key, store) in core.entries { snapshots[key] = store.cell.snapshot(at: now) }
+        for node in core.entries { snapshots[node.key] = core.snapshot(of: node.entry, at: now) }
         return snapshots
     }
 
@@ -160,11 +164,10 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     public var count: Int { core.count }
 
     /// `key`'s current snapshot first, then one per transition, in order, like
-    /// ``AsyncState/updates``. Makes the key's entry if it has none (without counting as a use); the
-    /// stream finishes when the entry leaves the family (removed, evicted or idle).
+    /// ``AsyncState/updates``. Makes the key's entry if it has none, and counts as a use; the stream
+    /// finishes when the entry leaves the family (removed, evicted or idle).
     public func updates(for key: Key) -> AsyncStream<AsyncSnapshot<Value?>> {
-        let store = core.peek(key) ?? core.access(key, at: core.clock.now())
-        return store.cell.subscribe(at: core.clock.now())
+        core.usingNow(key) { $0.cell.subscribe(at: core.clock.now()) }
     }
 
     // MARK: Fetching
@@ -192,10 +195,11 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     nonisolated(nonsending) func fetchFromStore(
         _ key: Key, servesStale: Bool, retry: RetryPolicy?, _ operation: @escaping Operation
     ) async throws -> Value {
-        let store = core.access(key, at: core.clock.now())
-        let mode: AsyncStateStore<Value?>.Machine.FetchMode =
-            servesStale && store.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
-        return try await fetch(key, from: store, mode: mode, retry: retry, operation)
+        try await core.using(key) { store in
+            let mode: AsyncStateStore<Value?>.Machine.FetchMode =
+                servesStale && store.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
+            return try await fetch(key, from: store, mode: mode, retry: retry, operation)
+        }
     }
 
     /// Fetches `key` unless it is fresh, like ``AsyncState/fetch(retry:_:)``; never throws (the outcome
@@ -204,15 +208,18 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
     ) async {
         if core.freshValue(of: key, at: core.clock.now()) != nil { return }
-        _ = try? await fetch(key, from: core.access(key, at: core.clock.now()), mode: .ifExpired, retry: retry, operation)
+        await core.using(key) { store in
+            _ = try? await fetch(key, from: store, mode: .ifExpired, retry: retry, operation)
+        }
     }
 
     /// Fetches `key` now, fresh or not, like ``AsyncState/refresh(retry:_:)``.
     public nonisolated(nonsending) func refresh(
         for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
     ) async {
-        let store = core.access(key, at: core.clock.now())
-        _ = try? await fetch(key, from: store, mode: .always, retry: retry, operation)
+        await core.using(key) { store in
+            _ = try? await fetch(key, from: store, mode: .always, retry: retry, operation)
+        }
     }
 
     /// Returns the values of `keys`: one run of `operation` loads every key that is neither fresh
@@ -239,13 +246,20 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
             for key in keys { results[key] = .failure(CancellationError()) }
             return results
         }
-        let now = core.clock.now()
         let batch = BatchLoad<Key, Value>(operation: operation)
         var waiting: [(Key, AsyncStateStore<Value?>, UInt64)] = []
         var started: [Key] = []
         var seen = Set<Key>()
+        var pinned: [Key] = []
+        defer { for key in pinned { core.unpin(key) } }
+        let now = core.clock.now()
         for key in keys where seen.insert(key).inserted {
-            let store = core.access(key, at: now)
+            if let fresh = core.freshValue(of: key, at: now) {
+                results[key] = .success(fresh)
+                continue
+            }
+            let store = core.pin(key)
+            pinned.append(key)
             let mode: AsyncStateStore<Value?>.Machine.FetchMode =
                 store.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
             do {
@@ -274,7 +288,6 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
             } catch {
                 results[key] = .failure(error)
             }
-            core.trim(after: key)
         }
         return results
     }
@@ -284,7 +297,6 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         _ key: Key, from store: AsyncStateStore<Value?>, mode: AsyncStateStore<Value?>.Machine.FetchMode,
         retry: RetryPolicy?, _ operation: @escaping Operation
     ) async throws -> Value {
-        defer { core.trim(after: key) }
         let value = try await store.fetch({ try await operation(key) }, mode: mode, policy: retry)
         guard let value else { preconditionFailure("a family's entry answered without a value") }
         return value
@@ -296,20 +308,17 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// key ends and its callers get `value`). Reports the value it replaced, if any, as
     /// ``AsyncStateFamilyRemovalReason/replaced``.
     public func set(_ value: Value, for key: Key) {
-        let store = core.access(key, at: core.clock.now())
-        let previous = store.cell.value
-        store.set(value)
-        if let previous { core.reportReplaced(key, previous) }
+        if let previous = core.set(value, for: key) { core.reportReplaced(key, previous) }
     }
 
     /// Marks `key`'s data expired, like ``AsyncState/invalidate()``; no entry, nothing to do.
     public func invalidate(_ key: Key) {
-        core.peek(key)?.invalidate()
+        core.invalidate(key)
     }
 
     /// Cancels `key`'s fetch in flight, like ``AsyncState/cancel()``.
     public func cancel(_ key: Key) {
-        core.peek(key)?.cancel()
+        if case .live(let store) = core.peek(key) { store.cancel() }
     }
 
     /// Removes `key`'s entry: its fetch in flight is cancelled (its callers get `CancellationError`),
@@ -323,12 +332,12 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
 
     /// Marks the data of every key that `isIncluded` accepts expired.
     public func invalidate(where isIncluded: (Key) throws -> Bool) rethrows {
-        for (key, store) in core.entries where try isIncluded(key) { store.invalidate() }
+        for node in core.entries where try isIncluded(node.key) { core.invalidate(node.key) }
     }
 
     /// Marks every key's data expired.
     public func invalidateAll() {
-        for (_, store) in core.entries { store.invalidate() }
+        for node in core.entries { core.invalidate(node.key) }
     }
 
     /// Removes every entry, as ``remove(_:)`` does each.

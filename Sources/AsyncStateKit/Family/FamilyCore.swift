@@ -1,20 +1,20 @@
+import Foundation
 import Synchronization
 
 /// The shared part of an ``AsyncStateFamily``: its shards, its configuration and its idle sweeper.
 ///
-/// Each key has its own store (the same as an ``AsyncState``'s, with `Value?` so that a key has no
-/// value before its first fetch), made on first use with the family's configuration and clock. A key
-/// belongs to one shard, chosen by its hash; each shard has its own lock and an exact LRU list. The
-/// capacity is the family's, kept by an atomic count of entries: a new entry that takes the count
-/// past it evicts from its own shard's least recently used end, under the same lock. The hit path takes the shard's lock (to find the store and record
-/// the access) and then the store's; no lock or actor is shared by all keys.
+/// Each key has its own store while it is used (the same as an ``AsyncState``'s, with `Value?` so
+/// that a key has no value before its first fetch), made with the family's configuration and clock,
+/// and a compact record of its settled data while nobody uses it (see ``FamilyShard``). A key belongs
+/// to one shard, chosen by its hash; each shard has its own lock and an exact LRU list. The capacity
+/// is the family's, kept by an atomic count of entries: a new entry that takes the count past it
+/// evicts from its own shard's least recently used end. The hit path takes one shard's lock (and,
+/// for a live entry, its store's); no lock or actor is shared by all keys.
 ///
 /// Lock order: the sweeper's lock, then a shard's, then a store's. Removal callbacks run after every
 /// lock is released.
 @usableFromInline
 final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
-    /// The number of entries, across shards (changed under a shard's lock, read anywhere).
-    let population = Atomic<Int>(0)
     @usableFromInline typealias Shard = FamilyShard<Key, Value>
     @usableFromInline typealias Store = AsyncStateStore<Value?>
     typealias OnRemoval = @Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void
@@ -23,9 +23,15 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @usableFromInline let shardMask: Int
     let configuration: StoreConfiguration<Value?>
     @usableFromInline let clock: StoreClock
+    /// How long a hit is answered from the shard: the expiry, or the refresh-ahead age.
+    @usableFromInline let hitWindow: Duration
     let capacity: Int
     let idleExpiry: Duration?
     private let onRemoval: OnRemoval?
+    /// The number of entries, across shards (changed under a shard's lock, read anywhere).
+    private let population = Atomic<Int>(0)
+    /// Seeds for the stores' retry jitter (a random seed per store would cost a system call each).
+    private let seeds = Atomic<UInt64>(UInt64.random(in: .min ... .max))
     private let sweeper = LockedValue<Sweeper>(Sweeper())
 
     /// The idle sweeper's task: one per family, sleeping until the oldest entry's idle deadline.
@@ -47,6 +53,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         self.capacity = capacity
         self.idleExpiry = idleExpiry.flatMap { $0 > .zero ? $0.clampedToLimits : nil }
         self.configuration = configuration
+        hitWindow = configuration.refreshAfter ?? configuration.expiry
         self.clock = clock
         self.onRemoval = onRemoval
     }
@@ -60,49 +67,75 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         shardMask == 0 ? shards[0] : shards[key.hashValue & shardMask]
     }
 
-    // MARK: Entries
+    // MARK: Hits
 
     /// `key`'s value if it has an entry with fresh data (not due for a refresh ahead); records an
     /// access at `now` if it has an entry.
     @inlinable
     func freshValue(of key: Key, at now: Duration) -> Value? {
-        shard(for: key).withLock { $0.freshValue(of: key, at: now) }
+        shard(for: key).withLock { $0.freshValue(of: key, at: now, hitWindow: hitWindow) }
     }
 
-    /// The store of `key`, made if the key has none; records an access at `now`.
-    @inlinable
-    func access(_ key: Key, at now: Duration) -> Store {
+    // MARK: Using an entry
+
+    /// Runs `body` with `key`'s store — made for a new key, restored for a compact entry — and
+    /// records an access. While `body` runs the entry is in use: it is neither evicted nor made
+    /// compact. Afterwards it becomes compact if it settled and nobody else uses it, and the family is
+    /// trimmed to its capacity.
+    nonisolated(nonsending) func using<Result>(_ key: Key, _ body: (Store) async throws -> Result) async rethrows
+        -> Result
+    {
+        let store = pin(key)
+        defer { unpin(key) }
+        return try await body(store)
+    }
+
+    /// As ``using(_:_:)``, for synchronous work.
+    func usingNow<Result>(_ key: Key, _ body: (Store) throws -> Result) rethrows -> Result {
+        let store = pin(key)
+        defer { unpin(key) }
+        return try body(store)
+    }
+
+    /// Marks `key`'s entry in use and returns its store (see ``using(_:_:)``). Every pin needs its
+    /// ``unpin(_:)``.
+    func pin(_ key: Key) -> Store {
+        let now = clock.now()
         let (store, inserted) = shard(for: key).withLock { shard in
-            shard.access(key, at: now) { makeStore() }
+            shard.pin(
+                key, at: now,
+                make: { Store(initialValue: nil, configuration: configuration, clock: clock, seed: nextSeed()) },
+                restore: {
+                    Store(
+                        restoring: $0, initialValue: nil, configuration: configuration, clock: clock, seed: nextSeed())
+                })
         }
         if inserted { entered(key) }
         return store
     }
 
-    /// A new key's store.
-    @usableFromInline
-    func makeStore() -> Store {
-        Store(initialValue: nil, configuration: configuration, clock: clock)
+    /// Ends a use of `key`'s entry.
+    func unpin(_ key: Key) {
+        shard(for: key).withLock { $0.unpin(key) }
+        trim(after: key)
+    }
+
+    private func nextSeed() -> UInt64 {
+        seeds.wrappingAdd(0x9E37_79B9_7F4A_7C15, ordering: .relaxed).newValue
     }
 
     /// After `key`'s entry was made: counts it, evicts if the family is over its capacity, and starts
     /// the idle sweeper.
-    @usableFromInline
-    func entered(_ key: Key) {
+    private func entered(_ key: Key) {
         population.add(1, ordering: .relaxed)
         trim(after: key, sparing: key)
         startSweeperIfNeeded()
     }
 
-    /// The store of `key`, if it has an entry (no access recorded, nothing made).
-    func peek(_ key: Key) -> Store? {
-        shard(for: key).withLock { $0.peek(key) }
-    }
-
     /// While the family is over its capacity, evicts the least recently used entries of `key`'s shard
-    /// that are not busy (and not `sparing`). Called when an entry is made and when a fetch settles
-    /// (an entry that was busy may be evicted now).
-    func trim(after key: Key, sparing: Key? = nil) {
+    /// that are not busy (and not `sparing`). Called when an entry is made and when a use ends (an
+    /// entry that was busy may be evicted now).
+    private func trim(after key: Key, sparing: Key? = nil) {
         guard population.load(ordering: .relaxed) > capacity else { return }
         var removed: [Shard.Removed] = []
         shard(for: key).withLock { shard in
@@ -113,19 +146,48 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         report(removed)
     }
 
+    /// Writes `value` for `key` as a store's `set` would: in the shard for a new or compact entry,
+    /// through the store otherwise. Returns the value it replaced.
+    func set(_ value: Value, for key: Key) -> Value? {
+        let now = clock.now()
+        let (done, inserted, replaced) = shard(for: key).withLock { shard in
+            shard.setIfCompact(
+                value, for: key, at: now, date: clock.date(), isEmpty: configuration.isEmpty(value))
+        }
+        if done {
+            if inserted { entered(key) }
+            return replaced
+        }
+        return usingNow(key) { store in
+            let previous = store.cell.value
+            store.set(value)
+            return previous
+        }
+    }
+
+    /// The entry of `key`, if any (no access recorded, nothing made).
+    func peek(_ key: Key) -> Shard.Entry? {
+        shard(for: key).withLock { $0.peek(key) }
+    }
+
+    /// Marks `key`'s data expired.
+    func invalidate(_ key: Key) {
+        shard(for: key).withLock { $0.invalidateIfCompact(key) }?.invalidate()
+    }
+
     /// Removes `key`'s entry: its fetch in flight is cancelled and its `updates` streams finish.
     /// Returns whether there was one.
     @discardableResult
     func remove(_ key: Key) -> Bool {
         guard
-            let store = shard(for: key).withLock({ shard -> Store? in
-                let store = shard.remove(key)
-                if store != nil { population.subtract(1, ordering: .relaxed) }
-                return store
+            let node = shard(for: key).withLock({ shard -> Shard.Leaving? in
+                let node = shard.remove(key)
+                if node != nil { population.subtract(1, ordering: .relaxed) }
+                return node
             })
         else { return false }
-        store.cancel()
-        report([.init(key: key, store: store, reason: .removed)])
+        if case .live(let store) = node.entry { store.cancel() }
+        report([.init(key: key, value: node.value, reason: .removed)])
         return true
     }
 
@@ -137,14 +199,27 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
                 population.subtract(all.count, ordering: .relaxed)
                 return all
             }
-            for (_, store) in all { store.cancel() }
-            report(all.map { .init(key: $0.0, store: $0.1, reason: .removed) })
+            for node in all { if case .live(let store) = node.entry { store.cancel() } }
+            report(all.map { .init(key: $0.key, value: $0.value, reason: .removed) })
         }
     }
 
     /// Every entry, shard by shard (each shard's entries are read under its lock).
-    var entries: [(key: Key, store: Store)] {
+    var entries: [Shard.Leaving] {
         shards.flatMap { $0.withLock { $0.entries } }
+    }
+
+    /// The snapshot of an entry at `now`.
+    func snapshot(of entry: Shard.Entry, at now: Duration) -> AsyncSnapshot<Value?> {
+        switch entry {
+        case .live(let store):
+            return store.cell.snapshot(at: now)
+        case .compact(let settled):
+            return AsyncSnapshot(
+                value: settled.value, phase: settled.phase,
+                isExpired: !isWithinExpiry(since: settled.freshSince, at: now, expiry: configuration.expiry),
+                lastError: settled.lastError, lastSuccess: settled.lastSuccess, successCount: settled.successCount)
+        }
     }
 
     /// The number of entries.
@@ -157,7 +232,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     private func report(_ removed: [Shard.Removed]) {
         guard let onRemoval else { return }
-        for entry in removed { onRemoval(entry.key, entry.store.cell.value, entry.reason) }
+        for entry in removed { onRemoval(entry.key, entry.value, entry.reason) }
     }
 
     // MARK: Idle expiry
@@ -203,9 +278,8 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         var removed: [Shard.Removed] = []
         for shard in shards {
             shard.withLock { shard in
-                let before = removed.count
-                _ = shard.removeIdle(accessedBy: now - idleExpiry, now: now, removed: &removed)
-                population.subtract(removed.count - before, ordering: .relaxed)
+                let count = shard.removeIdle(accessedBy: now - idleExpiry, now: now, into: &removed)
+                population.subtract(count, ordering: .relaxed)
             }
         }
         report(removed)

@@ -32,8 +32,8 @@ enum OperationContext {
 /// holds the store until its operation returns.
 @usableFromInline
 final class AsyncStateStore<Value: Sendable>: Sendable {
-    typealias Operation = @Sendable () async throws -> Value
-    typealias Machine = FetchStateMachine<Value, Operation>
+    @usableFromInline typealias Operation = @Sendable () async throws -> Value
+    @usableFromInline typealias Machine = FetchStateMachine<Value, Operation>
 
     /// What synchronous readers and `updates` see.
     @usableFromInline let cell: SnapshotCell<Value>
@@ -97,8 +97,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
 
     private let core: LockedValue<Core>
 
-    /// Creates a store.
-    init(initialValue: Value, configuration: StoreConfiguration<Value>, clock: StoreClock) {
+    /// Creates a store; `seed` seeds the jitter of its retries (random if `nil`).
+    init(initialValue: Value, configuration: StoreConfiguration<Value>, clock: StoreClock, seed: UInt64? = nil) {
         self.clock = clock
         staleWhileRevalidate = configuration.staleWhileRevalidate
         cell = SnapshotCell(
@@ -106,7 +106,29 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         core = LockedValue(
             Core(
                 machine: Machine(
-                    initialValue: initialValue, configuration: configuration, seed: UInt64.random(in: .min ... .max))))
+                    initialValue: initialValue, configuration: configuration,
+                    seed: seed ?? UInt64.random(in: .min ... .max))))
+    }
+
+    /// Creates a store in the settled state `settled` (see ``FetchStateMachine/settled``).
+    init(
+        restoring settled: Machine.Settled, initialValue: Value, configuration: StoreConfiguration<Value>,
+        clock: StoreClock, seed: UInt64
+    ) {
+        self.clock = clock
+        staleWhileRevalidate = configuration.staleWhileRevalidate
+        cell = SnapshotCell(
+            value: initialValue, expiry: configuration.expiry, refreshAfter: configuration.refreshAfter)
+        let machine = Machine(
+            restoring: settled, initialValue: initialValue, configuration: configuration, seed: seed)
+        core = LockedValue(Core(machine: machine))
+        cell.publish(machine.snapshot(at: clock.now()), freshSince: machine.freshSince)
+    }
+
+    /// The store's state if it is settled and nobody listens (no `updates` subscriber): what a family
+    /// keeps instead of the store for an entry nobody uses.
+    var settledState: Machine.Settled? {
+        core.withLock { core in cell.subscriberCount == 0 ? core.machine.settled : nil }
     }
 
     /// Runs an event under the lock, then performs what it left to do.

@@ -18,6 +18,7 @@ import Foundation
 /// - The operation lives in the flight and nowhere else: when the flight ends, the machine forgets
 ///   it, so an operation that captures the state's owner never keeps the owner alive.
 /// - Freshness is lazy: the machine records when fresh data arrived and compares on request.
+@usableFromInline
 struct FetchStateMachine<Value: Sendable, Operation> {
     /// Identifies one caller waiting for a flight.
     typealias WaiterID = UInt64
@@ -199,8 +200,57 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         self.seeds = SplitMix64(seed: seed)
     }
 
+    /// Restores `settled` (see ``settled``): the state a machine had when it was last idle.
+    init(
+        restoring settled: Settled, initialValue: Value, configuration: StoreConfiguration<Value>, seed: UInt64 = 0
+    ) {
+        self.init(initialValue: initialValue, configuration: configuration, seed: seed)
+        value = settled.value
+        hasData = true
+        phase = settled.phase
+        freshSince = settled.freshSince
+        lastError = settled.lastError
+        lastSuccess = settled.lastSuccess
+        successCount = settled.successCount
+    }
+
     /// How long data stays fresh.
     var expiry: Duration { configuration.expiry }
+
+    /// What an idle machine with data is, all a family keeps for an entry nobody uses: data that
+    /// succeeded (or was set, or is empty), no flight, no abandoned operation, no cached failure.
+    /// Restored with ``init(restoring:initialValue:configuration:seed:)``, it behaves as this machine
+    /// would (a machine keeps nothing else between flights but its ids and jitter seeds).
+    @usableFromInline
+    struct Settled {
+        @usableFromInline var value: Value
+        @usableFromInline var phase: AsyncPhase
+        @usableFromInline var freshSince: Duration?
+        @usableFromInline var lastError: (any Error)?
+        var lastSuccess: Date?
+        @usableFromInline var successCount: Int
+
+        init(
+            value: Value, phase: AsyncPhase, freshSince: Duration?, lastError: (any Error)?, lastSuccess: Date?,
+            successCount: Int
+        ) {
+            (self.value, self.phase, self.freshSince) = (value, phase, freshSince)
+            (self.lastError, self.lastSuccess, self.successCount) = (lastError, lastSuccess, successCount)
+        }
+    }
+
+    /// This machine's state if it is settled (see ``Settled``), else `nil`.
+    var settled: Settled? {
+        guard flight == nil, abandoned.isEmpty, hasData, failedAt == nil, failureCount == 0 else { return nil }
+        switch phase {
+        case .success, .empty:
+            return Settled(
+                value: value, phase: phase, freshSince: freshSince, lastError: lastError, lastSuccess: lastSuccess,
+                successCount: successCount)
+        case .initial, .loading, .failure:
+            return nil
+        }
+    }
 
     // MARK: Queries
 
