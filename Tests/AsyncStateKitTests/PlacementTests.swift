@@ -66,3 +66,13 @@ import Testing
         #expect(service.describe().hasPrefix("loaded at "))
     }
 }
+
+@Suite struct FamilyExampleTests {
+    @Test func theProfileServiceHoldsOneStatePerUser() async throws {
+        let service = ProfileService()
+        #expect(try await service.profile(7) == Profile(id: 7, name: "user 7"))
+        let results = await service.profiles([7, 8, 9])
+        #expect(try results.mapValues { try $0.get().name } == [7: "user 7", 8: "user 8", 9: "user 9"])
+        #expect(await service.profiles.count == 3)
+    }
+}
