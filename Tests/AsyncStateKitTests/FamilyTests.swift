@@ -110,20 +110,36 @@ final class RemovalLog: Sendable {
         #expect(family.snapshots.count == 2)
     }
 
-    @Test func aNewKeyBeyondTheCapacityEvictsTheLeastRecentlyUsed() async throws {
+    @Test func aNewKeyBeyondTheCapacityEvictsTheLessPopularEntry() async throws {
         let clock = VirtualClock()
         let source = KeyedSource(clock: clock, duration: .zero)
         let removals = RemovalLog()
         let family = AsyncStateFamily<Int, Int>(capacity: 3, clock: clock, onRemoval: removals.callback)
         for key in [1, 2, 3] { _ = try await family.value(for: key, source.operation) }
-        _ = try await family.value(for: 1, source.operation)  // 1 is now the most recently used
+        for _ in 0..<3 { _ = try await family.value(for: 1, source.operation) }  // 1 is popular
         _ = family[2]  // a peek is not a use
-        _ = try await family.value(for: 4, source.operation)
-        #expect(removals.entries == ["2=21 evicted"])
-        #expect(Set(family.wrappedValue.keys) == [1, 3, 4])
-        _ = try await family.value(for: 5, source.operation)
-        #expect(removals.entries == ["2=21 evicted", "3=31 evicted"])
+        for key in [4, 5, 6] { _ = try await family.value(for: key, source.operation) }
         #expect(family.count == 3)
+        #expect(removals.entries.count == 3)
+        #expect(family[1] == 11)  // never the popular one
+        #expect(removals.entries.allSatisfy { $0.hasSuffix("evicted") })
+    }
+
+    @Test func aScanOfKeysUsedOnceDoesNotFlushTheKeysUsedAgain() async throws {
+        let clock = VirtualClock()
+        let source = KeyedSource(clock: clock, duration: .zero)
+        let family = AsyncStateFamily<Int, Int>(capacity: 100, clock: clock)
+        let hot = Array(0..<50)
+        for _ in 0..<4 {
+            for key in hot { _ = try await family.value(for: key, source.operation) }
+        }
+        for key in 1_000..<1_500 { _ = try await family.value(for: key, source.operation) }  // a scan
+        #expect(family.count == 100)
+        // An LRU would hold the last 100 scanned keys and none of the hot ones.
+        #expect(hot.filter { family[$0] != nil }.count == hot.count)
+        let loadsBefore = source.keys.count
+        for key in hot { _ = try await family.value(for: key, source.operation) }
+        #expect(source.keys.count == loadsBefore)  // all hits
     }
 
     @Test func evictionNeverDropsAnEntryWithAFetchInFlight() async throws {

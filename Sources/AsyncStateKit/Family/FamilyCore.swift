@@ -48,7 +48,10 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         // One shard for a small family (its LRU order is then exact for the whole family); up to 16
         // for a large one, so that concurrent hits on different keys rarely share a lock.
         let shardCount = capacity >= 16 * 256 ? 16 : capacity >= 4 * 256 ? 4 : 1
-        shards = (0..<shardCount).map { _ in LockedValue(Shard()) }
+        shards = (0..<shardCount).map { index in
+            // Each shard's policy is sized for its share of the capacity.
+            LockedValue(Shard(capacity: capacity / shardCount + (index < capacity % shardCount ? 1 : 0)))
+        }
         shardMask = shardCount - 1
         self.capacity = capacity
         self.idleExpiry = idleExpiry.flatMap { $0 > .zero ? $0.clampedToLimits : nil }

@@ -1,11 +1,22 @@
 import Foundation
 
-/// One shard of a family: its entries, in a dictionary, threaded on a list in order of last access
-/// (most recent first). Guarded by the shard's lock; every operation is O(1) except the trims, which
-/// are O(entries removed + busy entries skipped).
+/// One shard of a family: its entries, in a dictionary, and its eviction policy, W-TinyLFU (Einziger,
+/// Friedman and Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", 2017; the policy of
+/// Java's Caffeine). Guarded by the shard's lock; every operation is O(1) except the trims, which are
+/// O(entries removed + busy entries skipped).
 ///
-/// The list is exact LRU order, so it serves both eviction for size (drop the least recently used)
-/// and idle expiry (the least recently used entry is the first to reach its idle deadline).
+/// The entries are on three lists, each in order of last access (most recent first):
+/// - the **window** (1 % of the shard's capacity) takes every new entry, so that a new key is not
+///   judged before it has had a chance to be used again;
+/// - an entry pushed out of the window goes to **probation**; used again there, it moves to
+///   **protected** (80 % of the rest), whose least recently used entries fall back to probation;
+/// - to make room, the newest entry of probation (the one the window just pushed out: the
+///   candidate) and its least recently used one (the victim) are compared by how often their keys
+///   were used recently (a ``FrequencySketch``), and the less popular goes. A scan of keys used once,
+///   or a burst of one-hit wonders, so never pushes out the keys that are used again and again.
+///
+/// Each list is in access order, so the least recently used entry of the shard is the oldest of the
+/// three lists' last entries: idle expiry reads it there.
 ///
 /// An entry is **live** — a store, as an ``AsyncState`` has — while someone uses it (a caller between
 /// ``pin(_:at:make:)`` and ``unpin(_:)``, a fetch in flight, an `updates` subscriber) or while its
@@ -30,8 +41,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         case live(Store)
     }
 
-    /// An entry's place on the list, when it was last used, and how many callers use it now: plain
-    /// data, so that the hit path updates it in place.
+    /// An entry's place on its list, when it was last used, how many callers use it now and its key's
+    /// hash: plain data, so that the hit path updates it in place.
     @usableFromInline
     struct Link {
         @usableFromInline var lastAccess: Duration
@@ -39,10 +50,15 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         @usableFromInline var older: Int32 = -1
         /// Callers between `pin` and `unpin`.
         @usableFromInline var users: Int32 = 0
+        /// Its list (see ``Segment``).
+        @usableFromInline var segment: UInt8 = Segment.window
+        /// Its key's hash, for the frequency sketch.
+        @usableFromInline var hash: Int
 
         @usableFromInline
-        init(lastAccess: Duration) {
+        init(lastAccess: Duration, hash: Int) {
             self.lastAccess = lastAccess
+            self.hash = hash
         }
     }
 
@@ -71,11 +87,37 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     @usableFromInline var freshSince: [Duration?] = []
     var metadata: [Metadata?] = []
     @usableFromInline var freeSlots: [Int32] = []
-    /// The most and least recently used entries.
-    @usableFromInline var newest: Int32 = -1
-    @usableFromInline var oldest: Int32 = -1
+    /// Slots 0, 1 and 2 are the sentinels of the window, probation and protected lists: each list is
+    /// circular through its sentinel, whose `older` is the list's most recently used entry and whose
+    /// `newer` its least recently used one (the sentinel itself when the list is empty).
+    @usableFromInline static var sentinels: Int32 { 3 }
+    /// The lengths of the window and protected lists.
+    @usableFromInline var windowCount = 0
+    @usableFromInline var protectedCount = 0
+    /// The most entries the window and protected lists hold (the shard's share of the capacity sets
+    /// them; probation holds the rest).
+    @usableFromInline let windowLimit: Int
+    @usableFromInline let protectedLimit: Int
+    @usableFromInline var sketch: FrequencySketch
+    /// The share of the family's capacity this shard is sized for.
+    let capacity: Int
 
-    init() {}
+    init(capacity: Int) {
+        for segment in 0..<Self.sentinels {
+            keys.append(nil)
+            var sentinel = Link(lastAccess: .zero, hash: 0)
+            (sentinel.newer, sentinel.older, sentinel.segment) = (segment, segment, UInt8(segment))
+            links.append(sentinel)
+            stores.append(nil)
+            values.append(nil)
+            freshSince.append(nil)
+            metadata.append(nil)
+        }
+        self.capacity = max(1, capacity)
+        windowLimit = max(1, self.capacity / 100)
+        protectedLimit = max(0, (self.capacity - windowLimit) * 8 / 10)
+        sketch = FrequencySketch(capacity: self.capacity)
+    }
 
     var count: Int { index.count }
 
@@ -221,31 +263,51 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         }
     }
 
-    /// Evicts up to `excess` least recently used entries that are not busy, into `removed`. Busy
+    /// Evicts up to `excess` entries that are not busy, as W-TinyLFU chooses, into `removed`. Busy
     /// entries (in use, or with a flight in flight) are skipped, and so is `sparing` (an entry just
     /// made, whose caller is about to fetch). Returns how many it evicted.
     mutating func evict(_ excess: Int, sparing: Key? = nil, into removed: inout [Removed]) -> Int {
         var evicted = 0
-        var slot = oldest
-        while evicted < excess, slot != -1 {
-            let newer = links[Int(slot)].newer
-            let key = keys[Int(slot)]!
-            if key != sparing, !isBusy(Int(slot)) {
-                removed.append(Removed(key: key, value: value(at: Int(slot)), reason: .evicted))
-                remove(slot)
-                evicted += 1
-            }
-            slot = newer
+        while evicted < excess, let slot = evictionChoice(sparing: sparing) {
+            removed.append(Removed(key: keys[Int(slot)]!, value: value(at: Int(slot)), reason: .evicted))
+            remove(slot)
+            evicted += 1
         }
         return evicted
+    }
+
+    /// The entry to evict: of probation's newest (the candidate the window pushed out) and least
+    /// recently used (the victim) entries that may go, the one whose key was used less often
+    /// recently (the candidate on a tie: the incumbent stays). With nothing in probation that may
+    /// go, the least recently used of protected, then of the window. `nil` when every entry is busy.
+    private func evictionChoice(sparing: Key?) -> Int32? {
+        func mayGo(_ slot: Int32) -> Bool { keys[Int(slot)]! != sparing && !isBusy(Int(slot)) }
+        func first(in segment: UInt8, fromOldest: Bool, where include: (Int32) -> Bool) -> Int32? {
+            let sentinel = Int32(segment)
+            var slot = fromOldest ? links[Int(sentinel)].newer : links[Int(sentinel)].older
+            while slot != sentinel {
+                if include(slot) { return slot }
+                slot = fromOldest ? links[Int(slot)].newer : links[Int(slot)].older
+            }
+            return nil
+        }
+        if let victim = first(in: Segment.probation, fromOldest: true, where: mayGo) {
+            guard
+                let candidate = first(in: Segment.probation, fromOldest: false, where: { $0 != victim && mayGo($0) })
+            else { return victim }
+            let candidateUses = sketch.estimate(links[Int(candidate)].hash)
+            let victimUses = sketch.estimate(links[Int(victim)].hash)
+            return candidateUses > victimUses ? victim : candidate
+        }
+        return first(in: Segment.protected, fromOldest: true, where: mayGo)
+            ?? first(in: Segment.window, fromOldest: true, where: mayGo)
     }
 
     /// Removes the entries last accessed at or before `deadline` (idle), oldest first. A busy one is
     /// in use: it counts as accessed `now` instead. Returns how many it removed.
     mutating func removeIdle(accessedBy deadline: Duration, now: Duration, into removed: inout [Removed]) -> Int {
         var count = 0
-        while oldest != -1, links[Int(oldest)].lastAccess <= deadline {
-            let slot = oldest
+        while let slot = leastRecentlyUsed, links[Int(slot)].lastAccess <= deadline {
             if isBusy(Int(slot)) {
                 touch(slot, at: now)
             } else {
@@ -258,7 +320,18 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// The last access of the least recently used entry, or `nil` when the shard is empty.
-    var oldestAccess: Duration? { oldest == -1 ? nil : links[Int(oldest)].lastAccess }
+    var oldestAccess: Duration? { leastRecentlyUsed.map { links[Int($0)].lastAccess } }
+
+    /// The least recently used entry of the shard: the oldest of the three lists' last entries.
+    private var leastRecentlyUsed: Int32? {
+        var oldest: Int32?
+        for sentinel in 0..<Int(Self.sentinels) {
+            let last = links[sentinel].newer
+            guard last != Int32(sentinel) else { continue }
+            if oldest.map({ links[Int(last)].lastAccess < links[Int($0)].lastAccess }) ?? true { oldest = last }
+        }
+        return oldest
+    }
 
     /// Removes `key`'s entry; returns it.
     mutating func remove(_ key: Key) -> Leaving? {
@@ -271,7 +344,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// Removes every entry; returns them.
     mutating func removeAll() -> [Leaving] {
         let all = entries
-        self = FamilyShard()
+        self = FamilyShard(capacity: capacity)
         return all
     }
 
@@ -286,21 +359,28 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// set by the caller).
     mutating func allocate(_ key: Key, at now: Duration) -> Int32 {
         let slot: Int32
+        let hash = key.hashValue
         if let free = freeSlots.popLast() {
             slot = free
             keys[Int(slot)] = key
-            links[Int(slot)] = Link(lastAccess: now)
+            links[Int(slot)] = Link(lastAccess: now, hash: hash)
         } else {
             slot = Int32(keys.count)
             keys.append(key)
-            links.append(Link(lastAccess: now))
+            links.append(Link(lastAccess: now, hash: hash))
             stores.append(nil)
             values.append(nil)
             freshSince.append(nil)
             metadata.append(nil)
         }
         index[key] = slot
-        linkAsNewest(slot)
+        sketch.increment(hash)
+        link(slot, into: Segment.window)
+        // The window is full: its least recently used entry goes to probation, as a candidate.
+        if windowCount > windowLimit, case let pushed = links[Int(Segment.window)].newer, pushed != slot {
+            unlink(pushed)
+            link(pushed, into: Segment.probation)
+        }
         return slot
     }
 
@@ -316,29 +396,69 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         freeSlots.append(slot)
     }
 
+    /// A use of the entry at `slot` at `now`: counted in the sketch; the entry becomes the most
+    /// recently used of its list — or, from probation, of protected (whose least recently used entry
+    /// then falls back to probation if protected is full).
     @inlinable
     mutating func touch(_ slot: Int32, at now: Duration) {
-        links[Int(slot)].lastAccess = now
-        guard slot != newest else { return }
-        unlink(slot)
-        linkAsNewest(slot)
+        let i = Int(slot)
+        links[i].lastAccess = now
+        sketch.increment(links[i].hash)
+        let segment = links[i].segment
+        if segment == Segment.probation {
+            unlink(slot)
+            link(slot, into: Segment.protected)
+            if protectedCount > protectedLimit {
+                let demoted = links[Int(Segment.protected)].newer
+                unlink(demoted)
+                link(demoted, into: Segment.probation)
+            }
+        } else if slot != links[Int(segment)].older {
+            unlink(slot)
+            link(slot, into: segment)
+        }
     }
 
+    /// Puts the entry at `slot` at the most recent end of list `segment`.
     @inlinable
-    mutating func linkAsNewest(_ slot: Int32) {
-        links[Int(slot)].older = newest
-        links[Int(slot)].newer = -1
-        if newest != -1 { links[Int(newest)].newer = slot }
-        newest = slot
-        if oldest == -1 { oldest = slot }
+    mutating func link(_ slot: Int32, into segment: UInt8) {
+        let (i, sentinel) = (Int(slot), Int32(segment))
+        let newest = links[Int(sentinel)].older
+        links[i].segment = segment
+        links[i].older = newest
+        links[i].newer = sentinel
+        links[Int(newest)].newer = slot
+        links[Int(sentinel)].older = slot
+        count(segment, 1)
     }
 
+    /// Takes the entry at `slot` off its list.
     @inlinable
     mutating func unlink(_ slot: Int32) {
-        let (newer, older) = (links[Int(slot)].newer, links[Int(slot)].older)
-        if newer != -1 { links[Int(newer)].older = older } else { newest = older }
-        if older != -1 { links[Int(older)].newer = newer } else { oldest = newer }
+        let i = Int(slot)
+        let (newer, older) = (links[i].newer, links[i].older)
+        links[Int(newer)].older = older
+        links[Int(older)].newer = newer
+        count(links[i].segment, -1)
     }
+
+    /// Counts `change` entries on list `segment` (only the window's and protected's are kept).
+    @inlinable
+    mutating func count(_ segment: UInt8, _ change: Int) {
+        if segment == Segment.window {
+            windowCount += change
+        } else if segment == Segment.protected {
+            protectedCount += change
+        }
+    }
+}
+
+/// The three lists of a ``FamilyShard``.
+@usableFromInline
+enum Segment {
+    @usableFromInline static let window: UInt8 = 0
+    @usableFromInline static let probation: UInt8 = 1
+    @usableFromInline static let protected: UInt8 = 2
 }
 
 extension FamilyShard.Entry {
