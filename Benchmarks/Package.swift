@@ -31,6 +31,11 @@ let package = Package(
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
         ),
         .executableTarget(
+            name: "HitRatio",
+            dependencies: [.product(name: "AsyncStateKit", package: library)],
+            path: "Tools/HitRatio"
+        ),
+        .executableTarget(
             name: "MemoryPerState",
             dependencies: [.product(name: "AsyncStateKit", package: library)],
             path: "Tools/MemoryPerState"

@@ -302,6 +302,15 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         return value
     }
 
+    /// For the hit-ratio benchmark: a use of `key` through the family's policy — `true` for a hit on
+    /// fresh data; on a miss, `value` is set for the key (as ``set(_:for:)``) and `false` returned.
+    @_spi(Benchmarks)
+    public func recordUse(of key: Key, orSet value: @autoclosure () -> Value) -> Bool {
+        if core.freshValue(of: key, at: core.clock.now()) != nil { return true }
+        _ = core.set(value(), for: key)
+        return false
+    }
+
     // MARK: Changing one key
 
     /// Writes `value` for `key`, fresh from now, like ``AsyncState/set(_:)`` (a fetch in flight for the

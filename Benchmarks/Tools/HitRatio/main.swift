@@ -1,0 +1,158 @@
+// Hit ratio of a family's eviction policy against an exact LRU of the same capacity, on synthetic
+// traces generated here with a fixed seed (so every run sees the same requests). Run:
+//   swift run --package-path Benchmarks -c release HitRatio
+@_spi(Benchmarks) import AsyncStateKit
+import Foundation
+
+/// SplitMix64: a small seeded generator.
+struct Random {
+    var state: UInt64
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    mutating func unit() -> Double { Double(next() >> 11) / Double(1 << 53) }
+}
+
+/// Keys 0..<count drawn with probability ∝ 1 / (rank + 1)^exponent, by inverting the cumulative
+/// distribution (a binary search), ranks shuffled so that popularity does not follow key order.
+struct Zipf {
+    let cumulative: [Double]
+    let keys: [Int]
+
+    init(count: Int, exponent: Double, random: inout Random) {
+        var total = 0.0
+        var cumulative: [Double] = []
+        cumulative.reserveCapacity(count)
+        for rank in 0..<count {
+            total += 1 / pow(Double(rank + 1), exponent)
+            cumulative.append(total)
+        }
+        self.cumulative = cumulative.map { $0 / total }
+        var keys = Array(0..<count)
+        for index in stride(from: count - 1, to: 0, by: -1) {
+            keys.swapAt(index, Int(random.next() % UInt64(index + 1)))
+        }
+        self.keys = keys
+    }
+
+    func draw(_ random: inout Random) -> Int {
+        let target = random.unit()
+        var (low, high) = (0, cumulative.count - 1)
+        while low < high {
+            let middle = (low + high) / 2
+            if cumulative[middle] < target { low = middle + 1 } else { high = middle }
+        }
+        return keys[low]
+    }
+}
+
+/// An exact LRU of `capacity` keys: the baseline.
+struct LRU {
+    let capacity: Int
+    var slots: [Int: Int] = [:]
+    var keys: [Int] = []
+    var newer: [Int] = []
+    var older: [Int] = []
+    var newest = -1
+    var oldest = -1
+    var free: [Int] = []
+
+    init(capacity: Int) { self.capacity = capacity }
+
+    /// A use of `key`: `true` for a hit.
+    mutating func use(_ key: Int) -> Bool {
+        if let slot = slots[key] {
+            unlink(slot)
+            linkAsNewest(slot)
+            return true
+        }
+        if slots.count == capacity {
+            let victim = oldest
+            unlink(victim)
+            slots[keys[victim]] = nil
+            free.append(victim)
+        }
+        let slot: Int
+        if let reused = free.popLast() {
+            slot = reused
+            keys[slot] = key
+        } else {
+            slot = keys.count
+            keys.append(key)
+            newer.append(-1)
+            older.append(-1)
+        }
+        slots[key] = slot
+        linkAsNewest(slot)
+        return false
+    }
+
+    mutating func linkAsNewest(_ slot: Int) {
+        older[slot] = newest
+        newer[slot] = -1
+        if newest != -1 { newer[newest] = slot }
+        newest = slot
+        if oldest == -1 { oldest = slot }
+    }
+
+    mutating func unlink(_ slot: Int) {
+        if newer[slot] != -1 { older[newer[slot]] = older[slot] } else { newest = older[slot] }
+        if older[slot] != -1 { newer[older[slot]] = newer[slot] } else { oldest = newer[slot] }
+    }
+}
+
+/// A trace: `requests` keys.
+func trace(exponent: Double, scans: Bool, keys: Int, requests: Int, seed: UInt64) -> [Int] {
+    var random = Random(state: seed)
+    let zipf = Zipf(count: keys, exponent: exponent, random: &random)
+    var trace: [Int] = []
+    trace.reserveCapacity(requests)
+    var nextScanKey = keys  // scanned keys are never requested again
+    while trace.count < requests {
+        // With scans: every 50,000 requests, 20,000 keys read once in a row (a batch job, a crawler).
+        if scans, trace.count % 70_000 == 50_000 {
+            for _ in 0..<20_000 where trace.count < requests {
+                trace.append(nextScanKey)
+                nextScanKey += 1
+            }
+            continue
+        }
+        trace.append(zipf.draw(&random))
+    }
+    return trace
+}
+
+let keys = 1_000_000
+let requests = 2_000_000
+print("hit ratio over \(requests) requests, keys drawn from \(keys) (seeded), W-TinyLFU family vs exact LRU")
+print("trace                         capacity   family    LRU      difference")
+for (name, exponent, scans) in [
+    ("Zipf 0.8", 0.8, false), ("Zipf 0.99", 0.99, false), ("Zipf 0.99 + scans", 0.99, true),
+] {
+    let requested = trace(exponent: exponent, scans: scans, keys: keys, requests: requests, seed: 42)
+    for capacity in [keys / 100, keys / 10] {
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(1_000_000), capacity: capacity)
+        var lru = LRU(capacity: capacity)
+        var (familyHits, lruHits) = (0, 0)
+        for key in requested {
+            if family.recordUse(of: key, orSet: key) { familyHits += 1 }
+            if lru.use(key) { lruHits += 1 }
+        }
+        let ours = 100 * Double(familyHits) / Double(requests)
+        let theirs = 100 * Double(lruHits) / Double(requests)
+        func percent(_ value: Double) -> String {
+            let tenths = Int((value * 10).rounded())
+            return "\(tenths / 10).\(abs(tenths % 10)) %"
+        }
+        let padded = name + String(repeating: " ", count: max(0, 30 - name.count))
+        let size = "\(capacity)" + String(repeating: " ", count: max(0, 10 - "\(capacity)".count))
+        print(
+            "\(padded)\(size) \(percent(ours))   \(percent(theirs))   \(ours >= theirs ? "+" : "")\(percent(ours - theirs))"
+        )
+    }
+}
