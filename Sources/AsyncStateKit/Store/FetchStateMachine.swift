@@ -494,9 +494,12 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         let (id, attempt) = (nextID(), nextID())
         let random = SplitMix64(seed: policy.seed ?? seeds.next())
         if flight == nil {
+            // Not `[waiter]`: an array literal would allocate an array on the way to the set.
+            var waiters = Set<WaiterID>()
+            if let waiter { waiters.insert(waiter) }
             setFlight(
                 Flight(
-                    id: id, operation: operation, attempt: attempt, retryAt: nil, waiters: waiter.map { [$0] } ?? [],
+                    id: id, operation: operation, attempt: attempt, retryAt: nil, waiters: waiters,
                     phaseBefore: phase, expiresOnArrival: false, policy: policy, startedAt: now, failures: 0,
                     keepAlive: keepAlive, refreshesAhead: refreshesAhead, random: random))
         } else {
