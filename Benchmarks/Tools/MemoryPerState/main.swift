@@ -1,6 +1,7 @@
-// Resident memory per idle state, measured in a fresh process (the benchmark process reuses pages
-// freed by earlier benchmarks, which hides growth). Run:
-//   swift run --package-path Benchmarks -c release MemoryPerState [count]
+// Resident memory per idle state, and per idle entry of a family, measured in a fresh process (the
+// benchmark process reuses pages freed by earlier benchmarks, which hides growth). Run:
+//   swift run --package-path Benchmarks -c release MemoryPerState [count]           # AsyncState<Int>
+//   swift run --package-path Benchmarks -c release MemoryPerState family [count]    # family entries
 import AsyncStateKit
 import Foundation
 
@@ -11,7 +12,7 @@ func residentBytes() -> Int {
     return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
 }
 
-nonisolated func measure(count: Int) async -> Int {
+nonisolated func measureStates(count: Int) async -> Int {
     var states: [AsyncState<Int>] = []
     states.reserveCapacity(count)  // the array's own growth is not the states' cost
     let before = residentBytes()
@@ -25,5 +26,22 @@ nonisolated func measure(count: Int) async -> Int {
     return perState
 }
 
-let count = CommandLine.arguments.dropFirst().first.flatMap(Int.init) ?? 100_000
-print("\(await measure(count: count)) resident bytes per idle AsyncState<Int> (\(count) states)")
+/// Resident bytes per idle entry of an `AsyncStateFamily<Int, Int>` holding `count` entries (its
+/// keys and values included: 16 bytes of them).
+nonisolated func measureFamily(count: Int) -> Int {
+    let before = residentBytes()
+    let family = AsyncStateFamily<Int, Int>(capacity: count)
+    for key in 0..<count { family.set(key, for: key) }  // set once, then idle
+    let perEntry = (residentBytes() - before) / count
+    withExtendedLifetime(family) {}
+    return perEntry
+}
+
+let arguments = CommandLine.arguments.dropFirst()
+if arguments.first == "family" {
+    let count = arguments.dropFirst().first.flatMap(Int.init) ?? 1_000_000
+    print("\(measureFamily(count: count)) resident bytes per idle AsyncStateFamily<Int, Int> entry (\(count) entries)")
+} else {
+    let count = arguments.first.flatMap(Int.init) ?? 100_000
+    print("\(await measureStates(count: count)) resident bytes per idle AsyncState<Int> (\(count) states)")
+}

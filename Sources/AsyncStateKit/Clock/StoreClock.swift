@@ -20,6 +20,27 @@ struct StoreClock: Sendable {
     let executor: (any TaskExecutor)?
 
     init<C: Clock<Duration>>(_ clock: C) {
+        // A `ContinuousClock` or `SuspendingClock` has no state of its own: every store shares one
+        // reading of it (an origin per process rather than per state), which saves each state an
+        // allocation.
+        if clock is ContinuousClock {
+            self = Self.continuous
+            return
+        }
+        if clock is SuspendingClock {
+            self = Self.suspending
+            return
+        }
+        self.init(reading: clock)
+    }
+
+    /// The shared reading of `ContinuousClock`.
+    private static let continuous = StoreClock(reading: ContinuousClock())
+    /// The shared reading of `SuspendingClock`.
+    private static let suspending = StoreClock(reading: SuspendingClock())
+
+    /// A reading of `clock` with its own origin.
+    private init<C: Clock<Duration>>(reading clock: C) {
         #if os(Linux)
         // On Linux the standard clocks are one `clock_gettime` each (the Swift runtime reads
         // CLOCK_BOOTTIME for `ContinuousClock` and CLOCK_MONOTONIC for `SuspendingClock`). Reading it

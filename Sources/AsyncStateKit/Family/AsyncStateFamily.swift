@@ -19,13 +19,15 @@
 ///
 /// ## Bounded memory
 ///
-/// - **Capacity.** The family holds at most `capacity` entries. A new key beyond it evicts the least
-///   recently used entries (LRU: a read with `value`, `fetch`, `refresh` or `values` counts as a use;
-///   `subscript`, `snapshot(for:)` and `updates(for:)` do not). An entry whose fetch is in flight is
-///   never evicted: while every candidate is busy the family runs over capacity, and evicts once
-///   they settle. A family of 1,024 or more entries is split into shards (4, or 16 from 4,096), each
-///   with its own lock, LRU list and equal share of the capacity: LRU order is then exact within a
-///   shard, as in Guava's segmented cache.
+/// - **Capacity.** The family holds at most `capacity` entries. A new key beyond it evicts an entry
+///   chosen by W-TinyLFU, Caffeine's policy: recently used entries are kept, and a new key is kept
+///   over an old one only if its key has been used more often recently — so a scan of keys used once
+///   does not flush the keys used again and again (a `value`, `fetch`, `refresh`, `values` or
+///   `updates` counts as a use; `subscript` and `snapshot(for:)` do not). An entry whose fetch is in
+///   flight, or that a caller is using, is never evicted: while every candidate is busy the family
+///   runs over capacity, and evicts once a use ends. A family of 1,024 or more entries is split into
+///   shards (4, or 16 from 4,096), each with its own lock and policy sized for its share of the
+///   capacity; the capacity itself stays exact for the whole family.
 /// - **Idle expiry.** With `idleExpiry`, an entry not used for that long is removed (TanStack Query's
 ///   `gcTime`, Caffeine's `expireAfterAccess`) — at that instant on the family's clock, by one sweeper
 ///   task per family that sleeps until the oldest entry's deadline, not a timer per key.

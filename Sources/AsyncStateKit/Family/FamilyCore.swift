@@ -6,9 +6,9 @@ import Synchronization
 /// Each key has its own store while it is used (the same as an ``AsyncState``'s, with `Value?` so
 /// that a key has no value before its first fetch), made with the family's configuration and clock,
 /// and a compact record of its settled data while nobody uses it (see ``FamilyShard``). A key belongs
-/// to one shard, chosen by its hash; each shard has its own lock and an exact LRU list. The capacity
+/// to one shard, chosen by its hash; each shard has its own lock and eviction policy. The capacity
 /// is the family's, kept by an atomic count of entries: a new entry that takes the count past it
-/// evicts from its own shard's least recently used end. The hit path takes one shard's lock (and,
+/// evicts within its own shard. The hit path takes one shard's lock (and,
 /// for a live entry, its store's); no lock or actor is shared by all keys.
 ///
 /// Lock order: the sweeper's lock, then a shard's, then a store's. Removal callbacks run after every
@@ -45,7 +45,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         onRemoval: OnRemoval?
     ) {
         let capacity = max(1, capacity)
-        // One shard for a small family (its LRU order is then exact for the whole family); up to 16
+        // One shard for a small family (one policy for the whole family); up to 16
         // for a large one, so that concurrent hits on different keys rarely share a lock.
         let shardCount = capacity >= 16 * 256 ? 16 : capacity >= 4 * 256 ? 4 : 1
         shards = (0..<shardCount).map { index in
@@ -135,7 +135,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         startSweeperIfNeeded()
     }
 
-    /// While the family is over its capacity, evicts the least recently used entries of `key`'s shard
+    /// While the family is over its capacity, evicts entries of `key`'s shard (as its policy chooses)
     /// that are not busy (and not `sparing`). Called when an entry is made and when a use ends (an
     /// entry that was busy may be evicted now).
     private func trim(after key: Key, sparing: Key? = nil) {
