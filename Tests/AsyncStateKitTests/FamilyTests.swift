@@ -283,6 +283,39 @@ final class RemovalLog: Sendable {
         #expect(family.count == 5_000)
     }
 
+    @Test func aMaximumWeightEvictsUntilTheEntriesWeighNoMore() async throws {
+        let clock = VirtualClock()
+        let removals = RemovalLog()
+        let family = AsyncStateFamily<Int, Int>(
+            capacity: 100, maximumWeight: 10, weigher: { _, value in value }, clock: clock,
+            onRemoval: removals.callback)
+        family.set(4, for: 1)
+        family.set(4, for: 2)
+        #expect(family.weight == 8)
+        family.set(5, for: 3)  // 13: one of the older entries goes
+        #expect(family.weight <= 10)
+        #expect(family.count == 2)
+        #expect(removals.entries.count == 1 && removals.entries[0].hasSuffix("evicted"))
+        #expect(family[3] == 5)
+
+        // A value fetched is weighed when the fetch's use ends.
+        let source = KeyedSource(clock: clock, duration: .zero)
+        _ = try await family.value(for: 0, source.operation)  // 0 * 10 + 1 = 1
+        #expect(family.weight <= 10)
+        #expect(family.snapshots.values.compactMap { $0.value ?? nil }.reduce(0, +) == family.weight)
+    }
+
+    @Test func withoutAWeigherEachEntryWithAValueWeighsOne() async throws {
+        let family = AsyncStateFamily<Int, Int>(capacity: 100, maximumWeight: 3, clock: VirtualClock())
+        for key in 0..<10 { family.set(key, for: key) }
+        #expect(family.count == 3)
+        #expect(family.weight == 3)
+        let unweighed = AsyncStateFamily<Int, Int>(capacity: 100, weigher: { _, _ in 1_000 }, clock: VirtualClock())
+        for key in 0..<10 { unweighed.set(key, for: key) }
+        #expect(unweighed.count == 10)  // a weigher without a maximum weight does nothing
+        #expect(unweighed.weight == 0)
+    }
+
     @Test(arguments: [0, -5])
     func aCapacityBelowOneMeansOne(_ capacity: Int) async throws {
         let family = AsyncStateFamily<Int, Int>(capacity: capacity, clock: VirtualClock())

@@ -62,6 +62,13 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// - Parameters:
     ///   - expiry: How long each key's fetched data stays fresh. Defaults to 120 seconds.
     ///   - capacity: The most entries the family holds; values below 1 mean 1. Defaults to 10,000.
+    ///   - maximumWeight: The most the entries may weigh together, as `weigher` weighs them (each
+    ///     entry with a value weighs 1 without one); `nil` (the default): no limit but the capacity.
+    ///     The family evicts to stay within both. An entry is weighed when its value is set and when
+    ///     a use of it ends (a background refresh that lands changes its weight at its next use).
+    ///     Values below 0 mean 0.
+    ///   - weigher: An entry's weight from its key and value (negative weights count as 0). Without a
+    ///     `maximumWeight` it is not used.
     ///   - idleExpiry: An entry not used for this long is removed; `nil` (the default), zero or less:
     ///     never.
     ///   - clock: The clock of every expiry, retry, timeout and the idle sweep. Defaults to
@@ -79,6 +86,8 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     public init(
         expiry: Duration = .seconds(120),
         capacity: Int = 10_000,
+        maximumWeight: Int? = nil,
+        weigher: (@Sendable (Key, Value) -> Int)? = nil,
         idleExpiry: Duration? = nil,
         clock: some Clock<Duration> = ContinuousClock(),
         retry: RetryPolicy = .never,
@@ -94,19 +103,21 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
             expiry: expiry, failureExpiry: failureExpiry, isEmpty: { $0.map(isEmpty) ?? false }, retry: retry,
             timeout: timeout, staleWhileRevalidate: staleWhileRevalidate, refreshAfter: refreshAfter)
         core = FamilyCore(
-            capacity: capacity, idleExpiry: idleExpiry, configuration: configuration, clock: StoreClock(clock),
-            onRemoval: onRemoval)
+            capacity: capacity, maximumWeight: maximumWeight, weigher: weigher, idleExpiry: idleExpiry,
+            configuration: configuration, clock: StoreClock(clock), onRemoval: onRemoval)
     }
 
     /// Creates a family holding `wrappedValue`'s values, fresh from now, as if each were given to
     /// ``set(_:for:)`` (beyond the capacity, the first ones are evicted).
     ///
     /// The other parameters are those of
-    /// ``init(expiry:capacity:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:)``.
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:)``.
     public init(
         wrappedValue: [Key: Value],
         expiry: Duration = .seconds(120),
         capacity: Int = 10_000,
+        maximumWeight: Int? = nil,
+        weigher: (@Sendable (Key, Value) -> Int)? = nil,
         idleExpiry: Duration? = nil,
         clock: some Clock<Duration> = ContinuousClock(),
         retry: RetryPolicy = .never,
@@ -118,7 +129,8 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil
     ) {
         self.init(
-            expiry: expiry, capacity: capacity, idleExpiry: idleExpiry, clock: clock, retry: retry,
+            expiry: expiry, capacity: capacity, maximumWeight: maximumWeight, weigher: weigher,
+            idleExpiry: idleExpiry, clock: clock, retry: retry,
             timeout: timeout, failureExpiry: failureExpiry, staleWhileRevalidate: staleWhileRevalidate,
             refreshAfter: refreshAfter, isEmpty: isEmpty, onRemoval: onRemoval)
         for (key, value) in wrappedValue { set(value, for: key) }
@@ -164,6 +176,10 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
 
     /// The number of entries (keys with a value, a fetch in flight, a failure or a subscriber).
     public var count: Int { core.count }
+
+    /// What the entries weigh together, as the `weigher` last weighed them; 0 without a
+    /// `maximumWeight`.
+    public var weight: Int { core.weight }
 
     /// `key`'s current snapshot first, then one per transition, in order, like
     /// ``AsyncState/updates``. Makes the key's entry if it has none, and counts as a use; the stream

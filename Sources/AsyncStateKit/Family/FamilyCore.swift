@@ -26,6 +26,8 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// How long a hit is answered from the shard: the expiry, or the refresh-ahead age.
     @usableFromInline let hitWindow: Duration
     let capacity: Int
+    /// Whether entries are weighed (a maximum weight was given).
+    let isWeighed: Bool
     let idleExpiry: Duration?
     private let onRemoval: OnRemoval?
     /// The number of entries, across shards (changed under a shard's lock, read anywhere).
@@ -41,17 +43,26 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     }
 
     init(
-        capacity: Int, idleExpiry: Duration?, configuration: StoreConfiguration<Value?>, clock: StoreClock,
-        onRemoval: OnRemoval?
+        capacity: Int, maximumWeight: Int? = nil, weigher: (@Sendable (Key, Value) -> Int)? = nil,
+        idleExpiry: Duration?, configuration: StoreConfiguration<Value?>, clock: StoreClock, onRemoval: OnRemoval?
     ) {
         let capacity = max(1, capacity)
         // One shard for a small family (one policy for the whole family); up to 16
         // for a large one, so that concurrent hits on different keys rarely share a lock.
         let shardCount = capacity >= 16 * 256 ? 16 : capacity >= 4 * 256 ? 4 : 1
+        // Without a weigher an entry with a value weighs 1.
+        let weigher = maximumWeight == nil ? nil : weigher ?? { _, _ in 1 }
+        let maximumWeight = maximumWeight.map { max(0, $0) }
         shards = (0..<shardCount).map { index in
-            // Each shard's policy is sized for its share of the capacity.
-            LockedValue(Shard(capacity: capacity / shardCount + (index < capacity % shardCount ? 1 : 0)))
+            // Each shard's policy is sized for its share of the capacity, and holds its share of the
+            // maximum weight.
+            LockedValue(
+                Shard(
+                    capacity: capacity / shardCount + (index < capacity % shardCount ? 1 : 0),
+                    weightLimit: maximumWeight.map { $0 / shardCount + (index < $0 % shardCount ? 1 : 0) },
+                    weigher: weigher))
         }
+        isWeighed = maximumWeight != nil
         shardMask = shardCount - 1
         self.capacity = capacity
         self.idleExpiry = idleExpiry.flatMap { $0 > .zero ? $0.clampedToLimits : nil }
@@ -123,6 +134,9 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         trim(after: key)
     }
 
+    /// The total weight of the entries (0 without a maximum weight).
+    var weight: Int { shards.reduce(0) { $0 + $1.withLock { $0.totalWeight } } }
+
     private func nextSeed() -> UInt64 {
         seeds.wrappingAdd(0x9E37_79B9_7F4A_7C15, ordering: .relaxed).newValue
     }
@@ -139,11 +153,11 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// that are not busy (and not `sparing`). Called when an entry is made and when a use ends (an
     /// entry that was busy may be evicted now).
     private func trim(after key: Key, sparing: Key? = nil) {
-        guard population.load(ordering: .relaxed) > capacity else { return }
+        guard isWeighed || population.load(ordering: .relaxed) > capacity else { return }
         var removed: [Shard.Removed] = []
         shard(for: key).withLock { shard in
-            let excess = population.load(ordering: .relaxed) - capacity
-            guard excess > 0 else { return }
+            let excess = max(0, population.load(ordering: .relaxed) - capacity)
+            guard excess > 0 || shard.isOverweight else { return }
             population.subtract(shard.evict(excess, sparing: sparing, into: &removed), ordering: .relaxed)
         }
         report(removed)
@@ -158,7 +172,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
                 value, for: key, at: now, date: clock.date(), isEmpty: configuration.isEmpty(value))
         }
         if done {
-            if inserted { entered(key) }
+            if inserted { entered(key) } else { trim(after: key) }
             return replaced
         }
         return usingNow(key) { store in

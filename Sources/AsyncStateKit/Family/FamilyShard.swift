@@ -86,6 +86,9 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     @usableFromInline var values: [Value?] = []
     @usableFromInline var freshSince: [Duration?] = []
     var metadata: [Metadata?] = []
+    /// Each entry's weight (0 without a weigher or a value), and their sum.
+    var weights: [Int] = []
+    private(set) var totalWeight = 0
     @usableFromInline var freeSlots: [Int32] = []
     /// Slots 0, 1 and 2 are the sentinels of the window, probation and protected lists: each list is
     /// circular through its sentinel, whose `older` is the list's most recently used entry and whose
@@ -101,8 +104,14 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     @usableFromInline var sketch: FrequencySketch
     /// The share of the family's capacity this shard is sized for.
     let capacity: Int
+    /// The share of the family's maximum weight this shard may hold, and how an entry is weighed;
+    /// `nil` without a maximum weight.
+    let weightLimit: Int?
+    let weigher: (@Sendable (Key, Value) -> Int)?
 
-    init(capacity: Int) {
+    init(capacity: Int, weightLimit: Int? = nil, weigher: (@Sendable (Key, Value) -> Int)? = nil) {
+        self.weightLimit = weightLimit
+        self.weigher = weigher
         for segment in 0..<Self.sentinels {
             keys.append(nil)
             var sentinel = Link(lastAccess: .zero, hash: 0)
@@ -112,6 +121,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
             values.append(nil)
             freshSince.append(nil)
             metadata.append(nil)
+            weights.append(0)
         }
         self.capacity = max(1, capacity)
         windowLimit = max(1, self.capacity / 100)
@@ -205,9 +215,21 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         guard let slot = index[key] else { return }  // removed meanwhile
         let i = Int(slot)
         links[i].users -= 1
+        weigh(i)
         guard links[i].users == 0, let store = stores[i], let settled = store.settledState else { return }
         makeCompact(i, settled)
     }
+
+    /// Weighs the entry at `slot` again (its value may have changed). Without a weigher, nothing.
+    private mutating func weigh(_ slot: Int) {
+        guard let weigher else { return }
+        let weight = value(at: slot).map { max(0, weigher(keys[slot]!, $0)) } ?? 0
+        totalWeight += weight - weights[slot]
+        weights[slot] = weight
+    }
+
+    /// Whether the entries weigh more than this shard's share of the maximum weight.
+    var isOverweight: Bool { weightLimit.map { totalWeight > $0 } ?? false }
 
     /// Writes `value` as ``AsyncStateStore/set(_:)`` would, if `key` has no entry or a compact one
     /// that nobody uses: returns `done`, whether it made the entry, and the value it replaced.
@@ -222,6 +244,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
                 slot,
                 Settled(
                     value: value, phase: phase, freshSince: now, lastError: nil, lastSuccess: nil, successCount: 0))
+            weigh(slot)
             return (true, true, nil)
         }
         let i = Int(slot)
@@ -231,6 +254,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         values[i] = value
         freshSince[i] = now
         metadata[i]!.phase = phase
+        weigh(i)
         touch(slot, at: now)
         return (true, false, replaced)
     }
@@ -263,12 +287,13 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         }
     }
 
-    /// Evicts up to `excess` entries that are not busy, as W-TinyLFU chooses, into `removed`. Busy
+    /// Evicts `excess` entries (and more while the shard is over its share of the maximum weight)
+    /// that are not busy, as W-TinyLFU chooses, into `removed`. Busy
     /// entries (in use, or with a flight in flight) are skipped, and so is `sparing` (an entry just
     /// made, whose caller is about to fetch). Returns how many it evicted.
     mutating func evict(_ excess: Int, sparing: Key? = nil, into removed: inout [Removed]) -> Int {
         var evicted = 0
-        while evicted < excess, let slot = evictionChoice(sparing: sparing) {
+        while evicted < excess || isOverweight, let slot = evictionChoice(sparing: sparing) {
             removed.append(Removed(key: keys[Int(slot)]!, value: value(at: Int(slot)), reason: .evicted))
             remove(slot)
             evicted += 1
@@ -344,7 +369,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// Removes every entry; returns them.
     mutating func removeAll() -> [Leaving] {
         let all = entries
-        self = FamilyShard(capacity: capacity)
+        self = FamilyShard(capacity: capacity, weightLimit: weightLimit, weigher: weigher)
         return all
     }
 
@@ -372,6 +397,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
             values.append(nil)
             freshSince.append(nil)
             metadata.append(nil)
+            weights.append(0)
         }
         index[key] = slot
         sketch.increment(hash)
@@ -393,6 +419,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         values[i] = nil
         freshSince[i] = nil
         metadata[i] = nil
+        totalWeight -= weights[i]
+        weights[i] = 0
         freeSlots.append(slot)
     }
 
