@@ -316,6 +316,22 @@ final class RemovalLog: Sendable {
         #expect(unweighed.weight == 0)
     }
 
+    @Test func valueUsingAContextAndRetryForAKey() async throws {
+        let clock = VirtualClock()
+        let source = KeyedSource(clock: clock, duration: .zero, failing: [2])
+        let family = AsyncStateFamily<Int, Int>(clock: clock, failureExpiry: .seconds(60))
+        #expect(try await family.value(for: 1, using: source) { key, source in try await source.load(key) } == 11)
+        #expect(try await family.value(for: 1, using: source) { _, _ in -1 } == 11)  // a hit: not run
+        await family.fetch(for: 2, source.operation)
+        #expect(family.snapshot(for: 2)?.phase.error is SourceDown)
+        await family.fetch(for: 2, source.operation)  // within the failure expiry: not run
+        #expect(source.keys == [1, 2])
+        await family.retry(for: 2) { _ in 7 }  // bypasses it
+        #expect(family[2] == 7)
+        await family.retry(for: 2) { _ in 8 }  // a success: nothing to retry
+        #expect(family[2] == 7)
+    }
+
     @Test(arguments: [0, -5])
     func aCapacityBelowOneMeansOne(_ capacity: Int) async throws {
         let family = AsyncStateFamily<Int, Int>(capacity: capacity, clock: VirtualClock())

@@ -208,6 +208,33 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         return try await fetchFromStore(key, servesStale: true, retry: retry, operation)
     }
 
+    /// Returns `key`'s value like ``value(for:retry:_:)``, passing `context` to an operation that
+    /// captures nothing, so that a hit allocates nothing whatever the operation needs (a closure that
+    /// captures values has them boxed each time it is formed, even when it never runs):
+    ///
+    /// ```swift
+    /// let profile = try await $profiles.value(for: id, using: database) { id, database in
+    ///     try await database.profile(id)
+    /// }
+    /// ```
+    ///
+    /// - Parameters:
+    ///   - key: The key; its entry is made if it has none.
+    ///   - context: What the operation needs besides the key. On a miss it is kept with the operation
+    ///     while the fetch is in flight.
+    ///   - retry: The retry policy for a fetch this call starts; `nil` for the family's.
+    ///   - operation: Fetches the value of the key it is given, from `context`. It should capture
+    ///     nothing.
+    /// - Throws: What ``AsyncState/value(retry:_:)`` throws.
+    @inlinable
+    public nonisolated(nonsending) func value<Context: Sendable>(
+        for key: Key, using context: Context, retry: RetryPolicy? = nil,
+        _ operation: @escaping @Sendable (Key, Context) async throws -> Value
+    ) async throws -> Value {
+        if let fresh = core.freshValue(of: key, at: core.clock.now()) { return fresh }
+        return try await fetchFromStore(key, servesStale: true, retry: retry) { try await operation($0, context) }
+    }
+
     /// The miss path of ``value(for:retry:_:)``.
     @usableFromInline
     nonisolated(nonsending) func fetchFromStore(
@@ -238,6 +265,13 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         await core.using(key) { store in
             _ = try? await fetch(key, from: store, mode: .always, retry: retry, operation)
         }
+    }
+
+    /// Re-runs `key`'s fetch when its phase is failure or empty, with `operation`, bypassing the
+    /// failure expiry; starts a pending automatic retry now; otherwise does nothing — like
+    /// ``AsyncState/retry(_:)``. Returns once the fetch has settled.
+    public nonisolated(nonsending) func retry(for key: Key, _ operation: @escaping Operation) async {
+        await core.using(key) { store in try? await store.retry { try await operation(key) } }
     }
 
     /// Returns the values of `keys`: one run of `operation` loads every key that is neither fresh
