@@ -90,6 +90,15 @@ final class Filled: Sendable {
     }
 }
 
+/// A family of `keys` fresh entries (key = value), filled once per process.
+func filledFamily(_ keys: Int) async -> AsyncStateFamily<Int, Int> {
+    await Filled.shared.value("family-\(keys)") {
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
+        for key in 0..<keys { family.set(key, for: key) }
+        return family
+    }
+}
+
 /// `count` keys visited in a scattered order (a stride prime to the count), so that consecutive
 /// hits do not share cache lines.
 func scattered(_ count: Int) -> [Int] {
@@ -354,11 +363,7 @@ let benchmarks: @Sendable () -> Void = {
     for keys in [1_000, 1_000_000] {
         let scale = keys == 1_000 ? "1000" : "1000000"
         Benchmark("Family:hit-\(scale)-keys", configuration: nanosecondScale) { benchmark in
-            let family = await Filled.shared.value("family-\(keys)") {
-                let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
-                for key in 0..<keys { family.set(key, for: key) }
-                return family
-            }
+            let family = await filledFamily(keys)
             let order = scattered(keys)
             var next = 0
             benchmark.startMeasurement()
@@ -371,11 +376,7 @@ let benchmarks: @Sendable () -> Void = {
         // The usual call site passes what the operation needs as a context: still no allocation.
         if keys == 1_000 {
             Benchmark("Family:hit-1000-keys-using-a-context", configuration: nanosecondScale) { benchmark in
-                let family = await Filled.shared.value("family-\(keys)") {
-                    let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
-                    for key in 0..<keys { family.set(key, for: key) }
-                    return family
-                }
+                let family = await filledFamily(keys)
                 let database = Database()
                 let order = scattered(keys)
                 var next = 0
