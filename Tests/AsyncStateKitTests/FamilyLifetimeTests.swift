@@ -1,0 +1,96 @@
+import AsyncStateKit
+import AsyncStateTesting
+import Foundation
+import Testing
+
+/// An actor owning a family whose operations capture the actor.
+actor FamilyOwner {
+    @AsyncStateFamily var numbers: [Int: Int]
+    let clock: any Clock<Duration>
+    let script: LoadScript
+    let freed: DeinitFlag
+
+    init(clock: any Clock<Duration>, script: LoadScript, freed: DeinitFlag, expiry: Duration) {
+        _numbers = AsyncStateFamily(
+            expiry: expiry, capacity: 10, idleExpiry: expiry * 10, clock: clock, refreshAfter: expiry / 2)
+        (self.clock, self.script, self.freed) = (clock, script, freed)
+    }
+    deinit { freed.set() }
+
+    func load() async throws -> Int { try await script.load(on: clock) }
+    func current() async throws -> Int { try await $numbers.value(for: 1) { _ in try await self.load() } }
+    func batch() async -> Int? {
+        try? await $numbers.values(for: [1, 2]) { keys in
+            var values: [Int: Int] = [:]
+            for key in keys { values[key] = try await self.load() }
+            return values
+        }[1]?.get()
+    }
+}
+
+// As `OwnerLifetimeTests`, for a family: an owner captured by its operations is freed after a success,
+// a failure, a cancelled fetch, a batch, and a refresh ahead that settled; the idle sweeper (a task
+// per family) does not keep it either.
+@Suite struct FamilyLifetimeTests {
+    enum Scenario: String, CaseIterable, Sendable {
+        case afterSuccess, afterFailure, afterCancel, afterBatch, afterRefreshAhead
+    }
+
+    @Test(arguments: World.Kind.allCases)
+    func anOwnerCapturedByItsFamilysOperationsIsFreed(_ kind: World.Kind) async throws {
+        for scenario in Scenario.allCases { try await check(scenario, World(kind: kind)) }
+    }
+
+    func check(_ scenario: Scenario, _ world: World) async throws {
+        let script = LoadScript()
+        let freed = DeinitFlag()
+        var owner: FamilyOwner? = FamilyOwner(
+            clock: world.clock, script: script, freed: freed, expiry: world.unit * 4)
+        let comment = Comment(rawValue: "\(scenario) \(world.kind)")
+
+        switch scenario {
+        case .afterSuccess:
+            #expect(try await owner!.current() == 1, comment)
+        case .afterFailure:
+            script.set(.fail)
+            await #expect(throws: SourceDown.self, comment) { try await owner!.current() }
+        case .afterCancel:
+            script.set(.hang)
+            let caller = world.task { [owner] in try await owner!.current() }
+            #expect(await world.eventually { script.calls == 1 }, comment)
+            caller.cancel()
+            _ = await caller.result
+        case .afterBatch:
+            #expect(await owner!.batch() != nil, comment)
+        case .afterRefreshAhead:
+            #expect(try await owner!.current() == 1, comment)
+            await world.pass(3)  // past the refresh age (2 units), still fresh (4)
+            #expect(try await owner!.current() == 1, comment)  // at once; a refresh starts
+            await world.pass(1)  // it settles
+            #expect(await world.eventually { script.calls == 2 }, comment)
+        }
+        let callsBefore = script.calls
+        owner = nil
+        #expect(await world.eventually { freed.isSet }, comment)
+        await world.pass(5)
+        #expect(script.calls == callsBefore, "nothing calls the source once the owner is gone: \(comment)")
+    }
+}
+
+/// Every duration a family takes, at its extreme, on `ContinuousClock` (which traps on overflow where
+/// `VirtualClock` does not): a hit, a fetch, a set, the idle sweeper and the family's release work.
+@Suite struct FamilyExtremeDurationTests {
+    @Test(arguments: [Duration.seconds(Int64.max), .seconds(-Int64.max), .zero])
+    func extremeDurationsNeverTrap(_ duration: Duration) async throws {
+        var family: AsyncStateFamily<Int, Int>? = AsyncStateFamily(
+            expiry: duration, capacity: 2, idleExpiry: duration, timeout: duration, failureExpiry: duration,
+            refreshAfter: duration)
+        #expect(try await family!.value(for: 1) { $0 * 10 } == 10)
+        family!.set(20, for: 2)
+        family!.set(30, for: 3)  // evicts one
+        #expect(family!.count == 2)
+        family!.invalidateAll()
+        _ = try await family!.value(for: 3) { $0 }
+        family = nil  // the idle sweeper, sleeping until the far future, is cancelled
+    }
+}
