@@ -114,6 +114,9 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///     than `expiry`: off.
     ///   - isEmpty: Decides whether a fetched value is ``AsyncPhase/empty``. Without it, a value is
     ///     never empty (collections and optionals have their own initializers).
+    ///   - name: What the state reports as to `observer` (a log's metadata, a metric's label).
+    ///   - observer: Receives what the state does (see ``AsyncStateObserver``); `nil` (the default):
+    ///     nothing is recorded.
     public init(
         wrappedValue: Value,
         expiry: Duration = .seconds(120),
@@ -123,16 +126,18 @@ public struct AsyncState<Value: Sendable>: Sendable {
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
-        isEmpty: (@Sendable (Value) -> Bool)? = nil
+        isEmpty: (@Sendable (Value) -> Bool)? = nil,
+        name: String = "",
+        observer: (any AsyncStateObserver)? = nil
     ) {
         self.init(
             wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate, refreshAfter,
-            isEmpty: isEmpty ?? { _ in false })
+            name: name, observer: observer, isEmpty: isEmpty ?? { _ in false })
     }
 
     /// Creates a state holding a collection; an empty collection is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:)-7patn``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:name:observer:)-8otjj``;
     /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
     public init(
         wrappedValue: Value,
@@ -143,16 +148,18 @@ public struct AsyncState<Value: Sendable>: Sendable {
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
-        isEmpty: (@Sendable (Value) -> Bool)? = nil
+        isEmpty: (@Sendable (Value) -> Bool)? = nil,
+        name: String = "",
+        observer: (any AsyncStateObserver)? = nil
     ) where Value: Collection {
         self.init(
             wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate, refreshAfter,
-            isEmpty: isEmpty ?? { $0.isEmpty })
+            name: name, observer: observer, isEmpty: isEmpty ?? { $0.isEmpty })
     }
 
     /// Creates a state holding an optional; `nil` is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:)-7patn``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:name:observer:)-8otjj``;
     /// `isEmpty` overrides `== nil` as the emptiness test.
     public init<Wrapped: Sendable>(
         wrappedValue: Value,
@@ -163,23 +170,27 @@ public struct AsyncState<Value: Sendable>: Sendable {
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
-        isEmpty: (@Sendable (Value) -> Bool)? = nil
+        isEmpty: (@Sendable (Value) -> Bool)? = nil,
+        name: String = "",
+        observer: (any AsyncStateObserver)? = nil
     ) where Value == Wrapped? {
         self.init(
             wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate, refreshAfter,
-            isEmpty: isEmpty ?? { $0 == nil })
+            name: name, observer: observer, isEmpty: isEmpty ?? { $0 == nil })
     }
 
     /// What the three public initializers share; they differ only in the default emptiness test.
     private init(
         _ initialValue: Value, _ expiry: Duration, _ clock: some Clock<Duration>, _ retry: RetryPolicy,
         _ timeout: Duration?, _ failureExpiry: Duration, _ staleWhileRevalidate: Bool, _ refreshAfter: Duration?,
-        isEmpty: @escaping @Sendable (Value) -> Bool
+        name: String, observer: (any AsyncStateObserver)?, isEmpty: @escaping @Sendable (Value) -> Bool
     ) {
         let configuration = StoreConfiguration(
             expiry: expiry, failureExpiry: failureExpiry, isEmpty: isEmpty, retry: retry, timeout: timeout,
             staleWhileRevalidate: staleWhileRevalidate, refreshAfter: refreshAfter)
-        store = AsyncStateStore(initialValue: initialValue, configuration: configuration, clock: StoreClock(clock))
+        store = AsyncStateStore(
+            initialValue: initialValue, configuration: configuration, clock: StoreClock(clock),
+            observation: observer.map { Observation(name: name, key: nil, observer: $0) })
     }
 
     // MARK: Reading
@@ -225,7 +236,10 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///   - operation: Fetches the value. The state keeps it only while the fetch is in flight.
     @inlinable
     public nonisolated(nonsending) func fetch(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async {
-        if store.cell.freshValue(at: store.clock.now()) != nil { return }
+        if store.cell.freshValue(at: store.clock.now()) != nil {
+            if store.isObserved { store.observeHit() }
+            return
+        }
         _ = try? await fetchFromStore(operation, retry: retry, servesStale: false)
     }
 
@@ -263,7 +277,10 @@ public struct AsyncState<Value: Sendable>: Sendable {
         async throws -> Value
     {
         // The hit path is inlined into the caller (and specialized there): a lock and a clock read.
-        if let fresh = store.cell.freshValue(at: store.clock.now()) { return fresh }
+        if let fresh = store.cell.freshValue(at: store.clock.now()) {
+            if store.isObserved { store.observeHit() }
+            return fresh
+        }
         return try await fetchFromStore(operation, retry: retry, servesStale: true)
     }
 
@@ -289,7 +306,10 @@ public struct AsyncState<Value: Sendable>: Sendable {
         using context: Context, retry: RetryPolicy? = nil,
         _ operation: @escaping @Sendable (Context) async throws -> Value
     ) async throws -> Value {
-        if let fresh = store.cell.freshValue(at: store.clock.now()) { return fresh }
+        if let fresh = store.cell.freshValue(at: store.clock.now()) {
+            if store.isObserved { store.observeHit() }
+            return fresh
+        }
         return try await fetchFromStore({ try await operation(context) }, retry: retry, servesStale: true)
     }
 
@@ -306,7 +326,10 @@ public struct AsyncState<Value: Sendable>: Sendable {
         using context: Context, retry: RetryPolicy? = nil,
         _ operation: @escaping @Sendable (Context) async throws -> Value
     ) async {
-        if store.cell.freshValue(at: store.clock.now()) != nil { return }
+        if store.cell.freshValue(at: store.clock.now()) != nil {
+            if store.isObserved { store.observeHit() }
+            return
+        }
         _ = try? await fetchFromStore({ try await operation(context) }, retry: retry, servesStale: false)
     }
 
@@ -381,7 +404,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         let interval = interval.clampedToLimits
         var mode = AsyncStateStore<Value>.Machine.FetchMode.ifExpired
         while !Task.isCancelled {
-            _ = try? await store.fetch(operation, mode: mode, policy: retry)
+            _ = try? await store.fetch(operation, mode: mode, policy: retry, reason: .periodic)
             mode = .joinOrStart
             do {
                 try await store.clock.sleep(store.clock.now().saturatingAdd(interval))

@@ -171,6 +171,11 @@ final class Database: Sendable {
     func number(for key: Int) async throws -> Int { key }
 }
 
+/// An observer that does nothing: what remains is the cost of producing and delivering an event.
+struct NoOpObserver: AsyncStateObserver {
+    func observe(_ event: AsyncStateEvent) { blackHole(event.kind) }
+}
+
 /// A non-capturing operation: calling it allocates nothing.
 @Sendable func loadNumber() async throws -> Int { 42 }
 
@@ -241,6 +246,14 @@ let benchmarks: @Sendable () -> Void = {
 
     Benchmark("Hit:value(_:)-fresh", configuration: nanosecondScale) { benchmark in
         let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(3_600))
+        _ = try await state.value(loadNumber)
+        benchmark.startMeasurement()
+        for _ in benchmark.scaledIterations { blackHole(try await state.value(loadNumber)) }
+    }
+
+    // The same hit with an observer that does nothing: the cost of one event.
+    Benchmark("Hit:value(_:)-fresh-with-a-no-op-observer", configuration: nanosecondScale) { benchmark in
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(3_600), name: "n", observer: NoOpObserver())
         _ = try await state.value(loadNumber)
         benchmark.startMeasurement()
         for _ in benchmark.scaledIterations { blackHole(try await state.value(loadNumber)) }

@@ -83,6 +83,9 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ///   - onRemoval: Called when an entry leaves the family or its value is replaced by
     ///     ``set(_:for:)``, with the key, its last value and the reason; after every lock is
     ///     released, on the thread that caused it. Keep it short.
+    ///   - name: What the family reports as to `observer`.
+    ///   - observer: Receives what every entry does, with its key (see ``AsyncStateObserver``), and
+    ///     every removal; `nil` (the default): nothing is recorded.
     public init(
         expiry: Duration = .seconds(120),
         capacity: Int = 10_000,
@@ -96,7 +99,9 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
-        onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil
+        onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
+        name: String = "",
+        observer: (any AsyncStateObserver)? = nil
     ) {
         let isEmpty = isEmpty ?? { _ in false }
         let configuration = StoreConfiguration<Value?>(
@@ -104,14 +109,15 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
             timeout: timeout, staleWhileRevalidate: staleWhileRevalidate, refreshAfter: refreshAfter)
         core = FamilyCore(
             capacity: capacity, maximumWeight: maximumWeight, weigher: weigher, idleExpiry: idleExpiry,
-            configuration: configuration, clock: StoreClock(clock), onRemoval: onRemoval)
+            configuration: configuration, clock: StoreClock(clock), onRemoval: onRemoval, name: name,
+            observer: observer)
     }
 
     /// Creates a family holding `wrappedValue`'s values, fresh from now, as if each were given to
     /// ``set(_:for:)`` (beyond the capacity, the first ones are evicted).
     ///
     /// The other parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:)``.
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)``.
     public init(
         wrappedValue: [Key: Value],
         expiry: Duration = .seconds(120),
@@ -126,13 +132,15 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
-        onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil
+        onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
+        name: String = "",
+        observer: (any AsyncStateObserver)? = nil
     ) {
         self.init(
             expiry: expiry, capacity: capacity, maximumWeight: maximumWeight, weigher: weigher,
             idleExpiry: idleExpiry, clock: clock, retry: retry,
             timeout: timeout, failureExpiry: failureExpiry, staleWhileRevalidate: staleWhileRevalidate,
-            refreshAfter: refreshAfter, isEmpty: isEmpty, onRemoval: onRemoval)
+            refreshAfter: refreshAfter, isEmpty: isEmpty, onRemoval: onRemoval, name: name, observer: observer)
         for (key, value) in wrappedValue { set(value, for: key) }
     }
 

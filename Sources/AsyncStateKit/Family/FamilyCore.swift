@@ -30,6 +30,10 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     let isWeighed: Bool
     let idleExpiry: Duration?
     private let onRemoval: OnRemoval?
+    /// The family's name and observer; each entry reports with its key.
+    let observer: (name: String, observer: any AsyncStateObserver)?
+    /// Whether there is an observer: all the hit path reads without one.
+    @usableFromInline let isObserved: Bool
     /// The number of entries, across shards (changed under a shard's lock, read anywhere).
     private let population = Atomic<Int>(0)
     /// Seeds for the stores' retry jitter (a random seed per store would cost a system call each).
@@ -44,8 +48,11 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     init(
         capacity: Int, maximumWeight: Int? = nil, weigher: (@Sendable (Key, Value) -> Int)? = nil,
-        idleExpiry: Duration?, configuration: StoreConfiguration<Value?>, clock: StoreClock, onRemoval: OnRemoval?
+        idleExpiry: Duration?, configuration: StoreConfiguration<Value?>, clock: StoreClock, onRemoval: OnRemoval?,
+        name: String = "", observer: (any AsyncStateObserver)? = nil
     ) {
+        self.observer = observer.map { (name, $0) }
+        isObserved = observer != nil
         let capacity = max(1, capacity)
         // One shard for a small family (one policy for the whole family); up to 16
         // for a large one, so that concurrent hits on different keys rarely share a lock.
@@ -87,7 +94,21 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// access at `now` if it has an entry.
     @inlinable
     func freshValue(of key: Key, at now: Duration) -> Value? {
-        shard(for: key).withLock { $0.freshValue(of: key, at: now, hitWindow: hitWindow) }
+        let fresh = shard(for: key).withLock { $0.freshValue(of: key, at: now, hitWindow: hitWindow) }
+        if isObserved, fresh != nil { observeHit(of: key) }
+        return fresh
+    }
+
+    /// Reports a hit on `key` (outside any lock).
+    @usableFromInline
+    func observeHit(of key: Key) {
+        guard let observer else { return }
+        observer.observer.observe(AsyncStateEvent(name: observer.name, key: String(describing: key), kind: .hit))
+    }
+
+    /// How `key`'s store reports, if the family has an observer.
+    private func observation(of key: Key) -> Observation? {
+        observer.map { Observation(name: $0.name, key: String(describing: key), observer: $0.observer) }
     }
 
     // MARK: Using an entry
@@ -118,10 +139,15 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         let (store, inserted) = shard(for: key).withLock { shard in
             shard.pin(
                 key, at: now,
-                make: { Store(initialValue: nil, configuration: configuration, clock: clock, seed: nextSeed()) },
+                make: {
+                    Store(
+                        initialValue: nil, configuration: configuration, clock: clock, seed: nextSeed(),
+                        observation: observation(of: key))
+                },
                 restore: {
                     Store(
-                        restoring: $0, initialValue: nil, configuration: configuration, clock: clock, seed: nextSeed())
+                        restoring: $0, initialValue: nil, configuration: configuration, clock: clock, seed: nextSeed(),
+                        observation: observation(of: key))
                 })
         }
         if inserted { entered(key) }
@@ -189,7 +215,15 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     /// Marks `key`'s data expired.
     func invalidate(_ key: Key) {
-        shard(for: key).withLock { $0.invalidateIfCompact(key) }?.invalidate()
+        guard let entry = shard(for: key).withLock({ $0.invalidateIfCompact(key) }) else { return }
+        switch entry {
+        case .live(let store):
+            store.invalidate()
+        case .compact:
+            observer.map {
+                $0.observer.observe(AsyncStateEvent(name: $0.name, key: String(describing: key), kind: .invalidated))
+            }
+        }
     }
 
     /// Removes `key`'s entry: its fetch in flight is cancelled and its `updates` streams finish.
@@ -244,12 +278,18 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     /// Reports a replaced value to the removal callback.
     func reportReplaced(_ key: Key, _ value: Value?) {
-        onRemoval?(key, value, .replaced)
+        report([.init(key: key, value: value, reason: .replaced)])
     }
 
     private func report(_ removed: [Shard.Removed]) {
-        guard let onRemoval else { return }
-        for entry in removed { onRemoval(entry.key, entry.value, entry.reason) }
+        for entry in removed {
+            onRemoval?(entry.key, entry.value, entry.reason)
+            if let observer {
+                observer.observer.observe(
+                    AsyncStateEvent(
+                        name: observer.name, key: String(describing: entry.key), kind: .removed(entry.reason)))
+            }
+        }
     }
 
     // MARK: Idle expiry

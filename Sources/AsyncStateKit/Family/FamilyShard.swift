@@ -259,13 +259,14 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         return (true, false, replaced)
     }
 
-    /// Marks `key`'s compact data expired, as ``AsyncStateStore/invalidate()`` would; returns the
-    /// store of a live entry instead (for the caller to invalidate), or `nil`.
-    mutating func invalidateIfCompact(_ key: Key) -> Store? {
+    /// Marks `key`'s compact data expired, as ``AsyncStateStore/invalidate()`` would, and returns
+    /// `.compact`; returns a live entry's store instead (for the caller to invalidate); `nil` without
+    /// an entry.
+    mutating func invalidateIfCompact(_ key: Key) -> Entry? {
         guard let slot = index[key] else { return nil }
-        if let store = stores[Int(slot)] { return store }
+        if let store = stores[Int(slot)] { return .live(store) }
         freshSince[Int(slot)] = nil
-        return nil
+        return entry(at: Int(slot))
     }
 
     /// The entry of `key`, if any (no access is recorded).

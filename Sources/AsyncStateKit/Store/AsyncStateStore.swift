@@ -43,6 +43,12 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     var waiters: WaiterTable<Value> { WaiterTable(cell: cell) }
     /// Whether `value` serves stale data at once and refreshes it in the background.
     @usableFromInline let staleWhileRevalidate: Bool
+    /// The observer and what the state reports as; `nil` without an observer.
+    let observation: Observation?
+    /// Whether there is an observer: all the hit path reads without one.
+    @usableFromInline let isObserved: Bool
+    /// Delivers the observer's events in order (`nil` without an observer).
+    private let events: EventQueue?
 
     /// The machine and the tasks of its flight, behind the store's lock.
     private struct Core {
@@ -53,6 +59,9 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         var timerTask: Task<Void, Never>?
         /// The last waiter id handed out.
         var lastWaiter: UInt64 = 0
+        /// When the flight in flight started, and how many attempts it has started (for observers).
+        var flightStartedAt: Duration = .zero
+        var attempts = 0
 
         /// A new waiter id (they grow, so their order is the order of arrival).
         mutating func makeWaiter() -> Machine.WaiterID {
@@ -68,6 +77,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         private var cancelled: (Task<Void, Never>?, Task<Void, Never>?, Task<Void, Never>?) = (nil, nil, nil)
         /// Waiters to resume, and with what.
         var resumed: (waiters: Set<Machine.WaiterID>, result: Result<Value, any Error>)?
+        /// Events for the observer, in order (only with an observer).
+        var events: [AsyncStateEvent.Kind] = []
 
         /// Cancels `task`, if any, once the lock is released.
         mutating func cancel(_ task: Task<Void, Never>?) {
@@ -98,7 +109,13 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     private let core: LockedValue<Core>
 
     /// Creates a store; `seed` seeds the jitter of its retries (random if `nil`).
-    init(initialValue: Value, configuration: StoreConfiguration<Value>, clock: StoreClock, seed: UInt64? = nil) {
+    init(
+        initialValue: Value, configuration: StoreConfiguration<Value>, clock: StoreClock, seed: UInt64? = nil,
+        observation: Observation? = nil
+    ) {
+        self.observation = observation
+        isObserved = observation != nil
+        events = observation.map(EventQueue.init)
         self.clock = clock
         staleWhileRevalidate = configuration.staleWhileRevalidate
         cell = SnapshotCell(
@@ -113,8 +130,11 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// Creates a store in the settled state `settled` (see ``FetchStateMachine/settled``).
     init(
         restoring settled: Machine.Settled, initialValue: Value, configuration: StoreConfiguration<Value>,
-        clock: StoreClock, seed: UInt64
+        clock: StoreClock, seed: UInt64, observation: Observation? = nil
     ) {
+        self.observation = observation
+        isObserved = observation != nil
+        events = observation.map(EventQueue.init)
         self.clock = clock
         staleWhileRevalidate = configuration.staleWhileRevalidate
         cell = SnapshotCell(
@@ -134,8 +154,26 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// Runs an event under the lock, then performs what it left to do.
     private func withCore<Result>(_ event: (inout Core, inout Effects) throws -> Result) rethrows -> Result {
         var effects = Effects()
-        defer { effects.perform(on: waiters) }
-        return try core.withLock { try event(&$0, &effects) }
+        defer {
+            // The observer hears of a settle before its waiters resume.
+            if !effects.events.isEmpty { events?.drain() }
+            effects.perform(on: waiters)
+        }
+        return try core.withLock { core in
+            defer { if !effects.events.isEmpty { events?.enqueue(effects.events) } }
+            return try event(&core, &effects)
+        }
+    }
+
+    /// Records an event for the observer, if there is one (under the lock; delivered after it).
+    private func record(_ kind: @autoclosure () -> AsyncStateEvent.Kind, in effects: inout Effects) {
+        if events != nil { effects.events.append(kind()) }
+    }
+
+    /// A hit, for the observer (called by the hit paths, outside any lock, when ``isObserved``).
+    @usableFromInline
+    func observeHit() {
+        observation?.deliver(.hit)
     }
 
     /// The attempts of this store that the current task runs (for the machine's reentrancy check).
@@ -148,11 +186,12 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
 
     /// Gets the value as `mode` says: an answer at once, or the outcome of the flight in flight or of
     /// a new one running `operation` with `policy`.
-    func fetch(_ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy? = nil)
-        async throws -> Value
-    {
+    func fetch(
+        _ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy? = nil,
+        reason: AsyncStateEvent.Reason? = nil
+    ) async throws -> Value {
         try Task.checkCancellation()
-        switch try enter(operation, mode: mode, policy: policy) {
+        switch try enter(operation, mode: mode, policy: policy, reason: reason) {
         case .value(let value, _): return value
         case .wait(let waiter, _): return try await wait(waiter)
         }
@@ -162,9 +201,11 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// the caller gets an answer now or waits for a flight (which this call may have started). A
     /// ticket to wait on must be waited on (``wait(_:)``), or the flight keeps a waiter that never
     /// leaves.
-    func enter(_ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy? = nil) throws
-        -> Ticket
-    {
+    /// `reason`: why a flight this call starts started, for the observer (by default from `mode`).
+    func enter(
+        _ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy? = nil,
+        reason: AsyncStateEvent.Reason? = nil
+    ) throws -> Ticket {
         let attempts = callerAttempts
         return try withCore { core, effects -> Ticket in
             let now = clock.now()
@@ -175,17 +216,19 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
                 callerAttempts: attempts)
             {
             case .returnValue(let value):
+                record(.hit, in: &effects)
                 return .value(value, started: false)
             case .returnValueAndStart(let value, let attempt):
-                start(attempt, at: now, in: &core, &effects)
+                record(.hit, in: &effects)
+                begin(attempt, reason: .background, at: now, in: &core, &effects)
                 return .value(value, started: true)
             case .fail(let error):
                 throw error
             case .join:
-                break
+                record(.joined, in: &effects)
             case .start(let attempt, let replacing):
                 if replacing { endFlightTasks(in: &core, &effects) }
-                start(attempt, at: now, in: &core, &effects)
+                begin(attempt, reason: reason ?? (mode == .always ? .refresh : .fetch), at: now, in: &core, &effects)
                 started = true
             }
             // Announced under the lock, so that an outcome arriving before the caller suspends is kept.
@@ -214,11 +257,16 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         let waiter = withCore { core, effects -> Machine.WaiterID? in
             let now = clock.now()
             let waiter = core.makeWaiter()
+            let inBackoff = core.machine.flight != nil
             guard
                 case .start(let attempt) = core.machine.retry(
                     waiter: waiter, operation: operation, now: now, callerAttempts: attempts)
             else { return nil }
-            start(attempt, at: now, in: &core, &effects)
+            if inBackoff {
+                start(attempt, at: now, in: &core, &effects)  // the flight's pending attempt, now
+            } else {
+                begin(attempt, reason: .retry, at: now, in: &core, &effects)
+            }
             waiters.add(waiter)
             return waiter
         }
@@ -226,9 +274,10 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     func invalidate() {
-        withCore { core, _ in
+        withCore { core, effects in
             let now = clock.now()
             if core.machine.invalidate(now: now) { publish(core.machine, at: now) }
+            record(.invalidated, in: &effects)
         }
     }
 
@@ -236,6 +285,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         withCore { core, effects in
             let ended = core.machine.cancel()
             if case .none = ended { return }
+            record(.cancelled, in: &effects)
             publish(core.machine, at: clock.now())
             end(ended, resumingWith: .failure(CancellationError()), in: &core, &effects)
         }
@@ -268,6 +318,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             case .none, .left:
                 break  // the waiter resumed itself with `CancellationError`
             case .leftAndEndedFlight:
+                record(.cancelled, in: &effects)
                 endFlightTasks(in: &core, &effects)
                 publish(core.machine, at: clock.now())
             }
@@ -321,12 +372,26 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         case .drop:
             break
         case .retry(let flight, let attempt, let at):
+            if events != nil, let error = core.machine.lastError {
+                record(.attemptFailed(error: error, attempt: core.attempts, retryIn: at - now), in: &effects)
+            }
             effects.cancel(core.timerTask)
             core.timerTask = schedule(at: at) { store, error in store.backoffEnded(flight, attempt, error: error) }
             publish(core.machine, at: now)
         case .start(let attempt):
             start(attempt, at: now, in: &core, &effects)
         case .settle(let ids, let result):
+            if events != nil {
+                let duration = now - core.flightStartedAt
+                switch result {
+                case .success:
+                    record(.succeeded(duration: duration, attempts: core.attempts), in: &effects)
+                case .failure(is CancellationError):
+                    record(.cancelled, in: &effects)
+                case .failure(let error):
+                    record(.failed(error: error, duration: duration, attempts: core.attempts), in: &effects)
+                }
+            }
             endFlightTasks(in: &core, &effects)
             publish(core.machine, at: now)
             effects.resumed = (ids, result)
@@ -357,7 +422,19 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// Starts `attempt`'s task (and its timeout's timer) and publishes.
+    /// Starts the first attempt of a new flight, started for `reason`.
+    private func begin(
+        _ attempt: Machine.Attempt, reason: AsyncStateEvent.Reason, at now: Duration, in core: inout Core,
+        _ effects: inout Effects
+    ) {
+        core.flightStartedAt = now
+        core.attempts = 0
+        record(.started(reason), in: &effects)
+        start(attempt, at: now, in: &core, &effects)
+    }
+
     private func start(_ attempt: Machine.Attempt, at now: Duration, in core: inout Core, _ effects: inout Effects) {
+        core.attempts += 1
         effects.cancel(core.timerTask)
         core.attemptTask = launch(attempt)
         let (flight, id) = (attempt.flight, attempt.id)

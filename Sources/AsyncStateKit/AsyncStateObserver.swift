@@ -1,0 +1,123 @@
+/// Receives what a state (or a family's entries) does, for logs, metrics and traces — without the
+/// library depending on any of them.
+///
+/// Give one to a state with `name:` and `observer:`; a state without an observer pays nothing for the
+/// feature but a check. An adapter is a few lines:
+///
+/// ```swift
+/// struct PrintObserver: AsyncStateObserver {
+///     func observe(_ event: AsyncStateEvent) { print(event.name, event.kind) }
+/// }
+/// ```
+///
+/// Events are delivered after the state's lock is released, never while it is held, so an observer
+/// may read the state. A state's events other than ``AsyncStateEvent/Kind/hit`` reach its observer in
+/// the order they happened, one at a time (they are queued under the state's lock), and a fetch's
+/// events are delivered before its callers resume — unless another thread is delivering that
+/// state's events at that moment, which then delivers them a moment later. A hit is delivered by the
+/// caller's own task, as it happens; a family's removals, by whoever caused them. Keep `observe`
+/// short: it runs on the thread of whoever caused the event.
+public protocol AsyncStateObserver: Sendable {
+    /// Called once per event.
+    func observe(_ event: AsyncStateEvent)
+}
+
+/// One thing a state did.
+public struct AsyncStateEvent: Sendable {
+    /// The state's name (its `name:`), for log metadata and metric labels.
+    public var name: String
+    /// For an entry of a family, its key (`String(describing:)`); `nil` for a single state.
+    public var key: String?
+    /// What happened.
+    public var kind: Kind
+
+    /// Creates an event.
+    public init(name: String, key: String? = nil, kind: Kind) {
+        self.name = name
+        self.key = key
+        self.kind = kind
+    }
+
+    /// What happened.
+    public enum Kind: Sendable {
+        /// A caller got fresh data at once.
+        case hit
+        /// A caller joined the fetch in flight.
+        case joined
+        /// A fetch started, for this reason.
+        case started(Reason)
+        /// Attempt number `attempt` of the fetch failed with `error`; the next starts in `retryIn`.
+        case attemptFailed(error: any Error, attempt: Int, retryIn: Duration)
+        /// The fetch succeeded after `attempts` attempts, `duration` after it started.
+        case succeeded(duration: Duration, attempts: Int)
+        /// The fetch failed with `error` after `attempts` attempts, `duration` after it started.
+        case failed(error: any Error, duration: Duration, attempts: Int)
+        /// The fetch in flight was cancelled.
+        case cancelled
+        /// The data was marked expired (``AsyncState/invalidate()``).
+        case invalidated
+        /// A family's entry left it, or had its value replaced.
+        case removed(AsyncStateFamilyRemovalReason)
+    }
+
+    /// Why a fetch started.
+    public enum Reason: String, Hashable, CaseIterable, Sendable {
+        /// A caller asked for data that was not fresh (`value`, `fetch`, `values`).
+        case fetch
+        /// A caller asked for new data whatever its freshness (`refresh`).
+        case refresh
+        /// A caller retried a failure (`retry`).
+        case retry
+        /// Stale-while-revalidate or refresh ahead: data was served at once, the fetch runs behind it.
+        case background
+        /// `run(every:)`'s periodic refresh.
+        case periodic
+    }
+}
+
+/// A state's observer and what it reports as (the store's part; `nil` without an observer).
+struct Observation: Sendable {
+    let name: String
+    let key: String?
+    let observer: any AsyncStateObserver
+
+    /// Delivers `kind` now (for hits: by the caller).
+    func deliver(_ kind: AsyncStateEvent.Kind) {
+        observer.observe(AsyncStateEvent(name: name, key: key, kind: kind))
+    }
+}
+
+/// Delivers a state's events in order, one at a time, never under the state's lock. Events are
+/// enqueued under the state's lock (so the queue's order is the order they happened) and drained
+/// after it is released: whoever finds the queue idle drains it, including what others add meanwhile.
+final class EventQueue: Sendable {
+    private let state = LockedValue<(events: [AsyncStateEvent.Kind], draining: Bool)>(([], false))
+    let observation: Observation
+
+    init(_ observation: Observation) {
+        self.observation = observation
+    }
+
+    /// Adds `events`; called under the state's lock (this lock is taken inside it, never around it).
+    func enqueue(_ events: [AsyncStateEvent.Kind]) {
+        state.withLock { $0.events += events }
+    }
+
+    /// Delivers what is queued, unless another thread is delivering (it delivers these too).
+    func drain() {
+        var batch = state.withLock { state -> [AsyncStateEvent.Kind] in
+            guard !state.draining, !state.events.isEmpty else { return [] }
+            state.draining = true
+            defer { state.events = [] }
+            return state.events
+        }
+        while !batch.isEmpty {
+            for kind in batch { observation.deliver(kind) }
+            batch = state.withLock { state in
+                defer { state.events = [] }
+                if state.events.isEmpty { state.draining = false }
+                return state.events
+            }
+        }
+    }
+}
