@@ -304,6 +304,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         withCore { core, effects in
             let (ended, changed) = core.machine.reset()
             guard changed else { return }
+            if case .end = ended { record(.cancelled, in: &effects) }
             publish(core.machine, at: clock.now())
             end(ended, resumingWith: .failure(CancellationError()), in: &core, &effects)
         }
