@@ -49,17 +49,11 @@ actor FamilyOwner {
         let comment = Comment(rawValue: "\(scenario) \(world.kind)")
 
         switch scenario {
-        case .afterSuccess:
-            #expect(try await owner!.current() == 1, comment)
-        case .afterFailure:
-            script.set(.fail)
-            await #expect(throws: SourceDown.self, comment) { try await owner!.current() }
-        case .afterCancel:
-            script.set(.hang)
-            let caller = world.task { [owner] in try await owner!.current() }
-            #expect(await world.eventually { script.calls == 1 }, comment)
-            caller.cancel()
-            _ = await caller.result
+        case .afterSuccess, .afterFailure, .afterCancel:
+            // The closure holds the owner: it must be gone (end of this scope) before the owner is let go.
+            try await exerciseCommonScenario(
+                scenario.rawValue, current: { [owner] in try await owner!.current() }, script: script, world: world,
+                comment: comment)
         case .afterBatch:
             #expect(await owner!.batch() != nil, comment)
         case .afterRefreshAhead:

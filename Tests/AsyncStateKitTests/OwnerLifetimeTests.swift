@@ -77,6 +77,30 @@ final class LoadScript: Sendable {
     }
 }
 
+/// The scenarios every owner shares, whatever holds its state — "afterSuccess", "afterFailure",
+/// "afterCancel": `current` asks the state for a value with an operation that calls `script` (and
+/// captures the owner). The caller must let go of `current` before it checks that the owner is freed.
+func exerciseCommonScenario(
+    _ name: String, current: @escaping @Sendable () async throws -> Int, script: LoadScript, world: World,
+    comment: Comment
+) async throws {
+    switch name {
+    case "afterSuccess":
+        #expect(try await current() == 1, comment)
+    case "afterFailure":
+        script.set(.fail)
+        await #expect(throws: SourceDown.self, comment) { try await current() }
+    case "afterCancel":
+        script.set(.hang)
+        let caller = world.task { try await current() }
+        #expect(await world.eventually { script.calls == 1 }, comment)
+        caller.cancel()
+        _ = await caller.result
+    default:
+        Issue.record("not a common scenario: \(name)")
+    }
+}
+
 /// Records that an owner was deinitialized.
 final class DeinitFlag: Sendable {
     private let flag = LockedValue(false)
@@ -230,17 +254,11 @@ final class SendableClassOwner: SelfCapturingOwner {
         let comment = Comment(rawValue: "\(type) \(scenario) \(world.kind)")
 
         switch scenario {
-        case .afterSuccess:
-            #expect(try await owner!.current() == 1, comment)
-        case .afterFailure:
-            script.set(.fail)
-            await #expect(throws: SourceDown.self, comment) { try await owner!.current() }
-        case .afterCancel:
-            script.set(.hang)
-            let caller = world.task { [owner] in try await owner!.current() }
-            #expect(await world.eventually { script.calls == 1 }, comment)
-            caller.cancel()
-            _ = await caller.result
+        case .afterSuccess, .afterFailure, .afterCancel:
+            // The closure holds the owner: it must be gone (end of this scope) before the owner is let go.
+            try await exerciseCommonScenario(
+                scenario.rawValue, current: { [owner] in try await owner!.current() }, script: script, world: world,
+                comment: comment)
         case .afterRunEvery:
             let runner = world.task { [owner] in try await owner!.refreshForever(every: world.unit) }
             await world.pass(3)
