@@ -109,40 +109,39 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     private let core: LockedValue<Core>
 
     /// Creates a store; `seed` seeds the jitter of its retries (random if `nil`).
-    init(
+    convenience init(
         initialValue: Value, configuration: StoreConfiguration<Value>, clock: StoreClock, seed: UInt64? = nil,
         observation: Observation? = nil
     ) {
-        self.observation = observation
-        isObserved = observation != nil
-        events = observation.map(EventQueue.init)
-        self.clock = clock
-        staleWhileRevalidate = configuration.staleWhileRevalidate
-        cell = SnapshotCell(
-            value: initialValue, expiry: configuration.expiry, refreshAfter: configuration.refreshAfter)
-        core = LockedValue(
-            Core(
-                machine: Machine(
-                    initialValue: initialValue, configuration: configuration,
-                    seed: seed ?? UInt64.random(in: .min ... .max))))
+        self.init(
+            Machine(
+                initialValue: initialValue, configuration: configuration, seed: seed ?? UInt64.random(in: .min ... .max)
+            ),
+            clock: clock, observation: observation)
     }
 
     /// Creates a store in the settled state `settled` (see ``FetchStateMachine/settled``).
-    init(
+    convenience init(
         restoring settled: Machine.Settled, initialValue: Value, configuration: StoreConfiguration<Value>,
         clock: StoreClock, seed: UInt64, observation: Observation? = nil
     ) {
+        let machine = Machine(
+            restoring: settled, initialValue: initialValue, configuration: configuration, seed: seed)
+        self.init(machine, clock: clock, observation: observation)
+        cell.publish(machine.snapshot(at: clock.now()), freshSince: machine.freshSince)
+    }
+
+    /// Creates a store around `machine` (its cell starts at the machine's initial value).
+    private init(_ machine: Machine, clock: StoreClock, observation: Observation?) {
         self.observation = observation
         isObserved = observation != nil
         events = observation.map(EventQueue.init)
         self.clock = clock
+        let configuration = machine.configuration
         staleWhileRevalidate = configuration.staleWhileRevalidate
         cell = SnapshotCell(
-            value: initialValue, expiry: configuration.expiry, refreshAfter: configuration.refreshAfter)
-        let machine = Machine(
-            restoring: settled, initialValue: initialValue, configuration: configuration, seed: seed)
+            value: machine.initialValue, expiry: configuration.expiry, refreshAfter: configuration.refreshAfter)
         core = LockedValue(Core(machine: machine))
-        cell.publish(machine.snapshot(at: clock.now()), freshSince: machine.freshSince)
     }
 
     /// The store's state if it is settled and nobody listens (no `updates` subscriber): what a family
