@@ -46,6 +46,38 @@ public enum AsyncPhase: Sendable {
         return nil
     }
 
+    /// The phase without its payload: equatable, hashable and enumerable, for comparisons, `switch`es
+    /// and metric labels (the error of ``failure(_:)`` is not comparable, so the phase itself is not
+    /// `Equatable`).
+    public var kind: Kind {
+        switch self {
+        case .initial: return .initial
+        case .loading: return .loading
+        case .empty: return .empty
+        case .success: return .success
+        case .failure: return .failure
+        }
+    }
+
+    /// The kinds of ``AsyncPhase``, without their payloads (see ``AsyncPhase/kind``). The raw value is
+    /// the case's name, for labels and logs: `"initial"`, `"loading"`, `"empty"`, `"success"`,
+    /// `"failure"`.
+    public enum Kind: String, Hashable, CaseIterable, Sendable, CustomStringConvertible {
+        /// ``AsyncPhase/initial``.
+        case initial
+        /// ``AsyncPhase/loading``.
+        case loading
+        /// ``AsyncPhase/empty``.
+        case empty
+        /// ``AsyncPhase/success(_:)``, whatever its date.
+        case success
+        /// ``AsyncPhase/failure(_:)``, whatever its error.
+        case failure
+
+        /// The case's name.
+        public var description: String { rawValue }
+    }
+
     /// Whether the last fetch succeeded (``success(_:)`` or ``empty``).
     public var hasSucceeded: Bool {
         switch self {

@@ -25,11 +25,17 @@ public struct AsyncSnapshot<Value: Sendable>: Sendable {
     public var lastSuccess: Date?
     /// How many fetches have succeeded since the state was created (or reset).
     public var successCount: Int
+    /// Whether ``value`` came from a fetch or a `set` (it may have expired since), rather than being the
+    /// state's initial value: `false` when the state was never fetched or was reset.
+    public var hasValue: Bool
 
     /// Creates a snapshot.
+    ///
+    /// - Parameter hasValue: whether `value` came from a fetch or a `set`; `nil` (the default) derives it:
+    ///   `true` if the phase is a success (or `empty`) or there was a success before.
     public init(
         value: Value, phase: AsyncPhase, isExpired: Bool, failureCount: Int = 0, lastError: (any Error)? = nil,
-        lastSuccess: Date? = nil, successCount: Int = 0
+        lastSuccess: Date? = nil, successCount: Int = 0, hasValue: Bool? = nil
     ) {
         self.value = value
         self.phase = phase
@@ -38,5 +44,47 @@ public struct AsyncSnapshot<Value: Sendable>: Sendable {
         self.lastError = lastError
         self.lastSuccess = lastSuccess
         self.successCount = successCount
+        self.hasValue = hasValue ?? (phase.hasSucceeded || lastSuccess != nil)
+    }
+}
+
+extension AsyncSnapshot {
+    /// The value, if it came from a fetch or a `set` (``hasValue``), else `nil`: what a presentation
+    /// can still show while a new fetch loads or after it failed.
+    public var previousValue: Value? { hasValue ? value : nil }
+
+    /// Maps this snapshot to what it presents — a response, a log line, a label — in one exhaustive
+    /// place, one closure per phase.
+    ///
+    /// The value is handed only where it means something: to `success` with its date, and as the
+    /// optional `previous` (``previousValue``) to `loading` and `failure`, so that a stale value stays
+    /// presentable while a fetch loads or after it failed. The compiler checks that every phase is
+    /// handled: a new kind of presentation is one call, not a `switch` per call site.
+    ///
+    /// ```swift
+    /// let status = $forecast.snapshot.fold(
+    ///     initial: { 503 },
+    ///     loading: { previous in previous == nil ? 503 : 200 },
+    ///     empty: { 204 },
+    ///     success: { _, _ in 200 },
+    ///     failure: { _, previous in previous == nil ? 503 : 200 })
+    /// ```
+    ///
+    /// `empty` receives no value: it is an answer ("nothing today"), and ``value`` still holds the empty
+    /// value for callers that want it.
+    public func fold<Result>(
+        initial: () throws -> Result,
+        loading: (_ previous: Value?) throws -> Result,
+        empty: () throws -> Result,
+        success: (_ value: Value, _ date: Date) throws -> Result,
+        failure: (_ error: any Error, _ previous: Value?) throws -> Result
+    ) rethrows -> Result {
+        switch phase {
+        case .initial: return try initial()
+        case .loading: return try loading(previousValue)
+        case .empty: return try empty()
+        case .success(let date): return try success(value, date)
+        case .failure(let error): return try failure(error, previousValue)
+        }
     }
 }

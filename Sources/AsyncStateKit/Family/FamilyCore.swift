@@ -269,7 +269,8 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
             return AsyncSnapshot(
                 value: settled.value, phase: settled.phase,
                 isExpired: !isWithinExpiry(since: settled.freshSince, at: now, expiry: configuration.expiry),
-                lastError: settled.lastError, lastSuccess: settled.lastSuccess, successCount: settled.successCount)
+                lastError: settled.lastError, lastSuccess: settled.lastSuccess, successCount: settled.successCount,
+                hasValue: true)
         }
     }
 

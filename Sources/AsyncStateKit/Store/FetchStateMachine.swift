@@ -609,6 +609,6 @@ extension FetchStateMachine {
     func snapshot(at now: Duration) -> AsyncSnapshot<Value> {
         AsyncSnapshot(
             value: value, phase: phase, isExpired: !isFresh(at: now), failureCount: failureCount,
-            lastError: lastError, lastSuccess: lastSuccess, successCount: successCount)
+            lastError: lastError, lastSuccess: lastSuccess, successCount: successCount, hasValue: hasData)
     }
 }

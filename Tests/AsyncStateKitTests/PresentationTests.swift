@@ -1,0 +1,106 @@
+import AsyncStateTesting
+import Foundation
+import Testing
+
+@testable import AsyncStateKit
+
+/// What one presentation call saw: the case `fold` chose and what it was given.
+private enum Presented: Equatable {
+    case initial
+    case loading(previous: [Int]?)
+    case empty
+    case success([Int], Date)
+    case failure(code: Int, previous: [Int]?)
+}
+
+private func present(_ snapshot: AsyncSnapshot<[Int]>) -> Presented {
+    snapshot.fold(
+        initial: { .initial },
+        loading: { .loading(previous: $0) },
+        empty: { .empty },
+        success: { .success($0, $1) },
+        failure: { error, previous in .failure(code: (error as? SourceDown)?.code ?? -1, previous: previous) })
+}
+
+@Suite struct PresentationTests {
+    @Test func theKindOfEveryPhaseIsItsCaseWithoutThePayload() {
+        let phases: [AsyncPhase] = [
+            .initial, .loading, .empty, .success(virtualDate(1)), .failure(SourceDown(code: 1)),
+        ]
+        #expect(phases.map(\.kind) == [.initial, .loading, .empty, .success, .failure])
+        #expect(phases.map(\.kind.rawValue) == phases.map(\.name))
+        #expect(AsyncPhase.Kind.allCases == [.initial, .loading, .empty, .success, .failure])
+        // Two successes at different dates, or failures with different errors, are the same kind.
+        #expect(AsyncPhase.success(virtualDate(1)).kind == AsyncPhase.success(virtualDate(2)).kind)
+        #expect(AsyncPhase.failure(SourceDown(code: 1)).kind == AsyncPhase.failure(CancellationError()).kind)
+        #expect(Set(phases.map(\.kind)).count == 5)
+        #expect("\(AsyncPhase.Kind.failure)" == "failure")
+    }
+
+    @Test func foldPresentsEveryPhaseOfAStateAndThePreviousValueOnlyWhenThereIsOne() async throws {
+        let clock = VirtualClock()
+        let state = AsyncState<[Int]>(wrappedValue: [0], clock: clock)
+        let source = Source<[Int]>()
+        #expect(present(state.snapshot) == .initial)  // the initial value [0] is not a previous value
+
+        // Loading with nothing to show yet, then a success at the clock's date.
+        let first = clock.task { await state.fetch(source.operation(on: clock, delay: .seconds(1), value: [1])) }
+        await clock.settle()
+        #expect(present(state.snapshot) == .loading(previous: nil))
+        await clock.advance(by: .seconds(1))
+        try await first.value
+        #expect(present(state.snapshot) == .success([1], clock.date))
+
+        // A refresh loads with the previous value presentable, then fails keeping it.
+        let failing = source.operation(on: clock, delay: .seconds(1), value: [9], error: SourceDown(code: 503))
+        let second = clock.task { await state.refresh(failing) }
+        await clock.settle()
+        #expect(present(state.snapshot) == .loading(previous: [1]))
+        await clock.advance(by: .seconds(1))
+        try await second.value
+        #expect(present(state.snapshot) == .failure(code: 503, previous: [1]))
+
+        // An empty answer; then a reset forgets every value.
+        await state.refresh { [] }
+        #expect(present(state.snapshot) == .empty)
+        await state.reset()
+        #expect(present(state.snapshot) == .initial)
+        #expect(state.snapshot.previousValue == nil)
+
+        // A failure with no value before it has nothing to present but the error.
+        await state.fetch { throw SourceDown(code: 500) }
+        #expect(present(state.snapshot) == .failure(code: 500, previous: nil))
+
+        // A value that was `set` (no fetch ever succeeded) is a previous value too.
+        await state.set([7])
+        await state.refresh { throw SourceDown(code: 502) }
+        #expect(state.snapshot.lastSuccess == nil)
+        #expect(present(state.snapshot) == .failure(code: 502, previous: [7]))
+    }
+
+    @Test func aFamilyEntryPresentsTheSameWayLiveOrCompact() async throws {
+        let clock = VirtualClock()
+        let family = AsyncStateFamily<Int, [Int]>(expiry: .seconds(60), clock: clock)
+        #expect(try await family.value(for: 1) { [$0] } == [1])
+        // Not in use any more: the entry is compact, and still presents its value and date.
+        guard case .compact = family.core.peek(1) else {
+            Issue.record("the settled entry was not compacted")
+            return
+        }
+        let snapshot = try #require(family.snapshot(for: 1))
+        #expect(snapshot.hasValue)
+        #expect(snapshot.previousValue == .some([1]))
+        let presented = snapshot.fold(
+            initial: { "initial" }, loading: { _ in "loading" }, empty: { "empty" },
+            success: { value, date in "\(value ?? []) at \(date == clock.date)" }, failure: { _, _ in "failure" })
+        #expect(presented == "[1] at true")
+    }
+
+    @Test func aSnapshotBuiltByHandDerivesWhetherItHasAValue() {
+        #expect(!AsyncSnapshot(value: 0, phase: .initial, isExpired: true).hasValue)
+        #expect(!AsyncSnapshot(value: 0, phase: .failure(SourceDown(code: 1)), isExpired: true).hasValue)
+        #expect(AsyncSnapshot(value: 0, phase: .empty, isExpired: false).hasValue)
+        #expect(AsyncSnapshot(value: 0, phase: .loading, isExpired: true, lastSuccess: virtualDate(0)).hasValue)
+        #expect(AsyncSnapshot(value: 0, phase: .loading, isExpired: true, hasValue: true).previousValue == 0)
+    }
+}
