@@ -29,10 +29,9 @@ public struct AsyncSnapshot<Value: Sendable>: Sendable {
     /// state's initial value: `false` when the state was never fetched or was reset.
     public var hasValue: Bool
 
-    /// Creates a snapshot.
-    ///
-    /// - Parameter hasValue: whether `value` came from a fetch or a `set`; `nil` (the default) derives it:
-    ///   `true` if the phase is a success (or `empty`) or there was a success before.
+    /// Creates a snapshot; each argument sets the property of the same name. A `hasValue` of `nil`
+    /// (the default) is derived: `true` if the phase is a success (or `empty`) or there was a success
+    /// before.
     public init(
         value: Value, phase: AsyncPhase, isExpired: Bool, failureCount: Int = 0, lastError: (any Error)? = nil,
         lastSuccess: Date? = nil, successCount: Int = 0, hasValue: Bool? = nil

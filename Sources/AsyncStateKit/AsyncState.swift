@@ -284,6 +284,45 @@ public struct AsyncState<Value: Sendable>: Sendable {
         return try await fetchFromStore(operation, retry: retry, servesStale: true)
     }
 
+    /// Answers like ``value(retry:_:)`` — at once when fresh (or stale under `staleWhileRevalidate`),
+    /// else once the fetch settles — but returns the value together with its metadata, read at once
+    /// under the state's lock: the phase, the date of the success, whether it was expired, the failure
+    /// count.
+    ///
+    /// Reading ``snapshot`` after ``value(retry:_:)`` is two reads: another transition may land
+    /// between them, pairing the value with someone else's date. Here the value and its metadata are
+    /// one snapshot, so a handler can turn it into a response with ``AsyncSnapshot/fold(initial:loading:empty:success:failure:)``:
+    ///
+    /// ```swift
+    /// let snapshot = try await $config.snapshot { try await loadConfig() }
+    /// let age = snapshot.lastSuccess.map { Date().timeIntervalSince($0) }  // an `Age` header
+    /// ```
+    ///
+    /// A failed fetch is not thrown: it is the snapshot's phase (``AsyncPhase/failure(_:)``), with the
+    /// previous value, if any, in ``AsyncSnapshot/previousValue``. Under a failure expiry the cached
+    /// failure is returned the same way, without calling the source.
+    ///
+    /// - Parameters:
+    ///   - retry: The retry policy for a fetch this call starts; `nil` for the state's.
+    ///   - operation: Fetches the value.
+    /// - Returns: The snapshot once the call is answered (a later transition may already be in it: a
+    ///   snapshot is always the state's latest as a whole, never a mix of two).
+    /// - Throws: `CancellationError` only when the caller's task is cancelled.
+    public nonisolated(nonsending) func snapshot(retry: RetryPolicy? = nil, _ operation: @escaping Operation)
+        async throws -> AsyncSnapshot<Value>
+    {
+        if let fresh = store.cell.freshSnapshot(at: store.clock.now()) {
+            if store.isObserved { store.observeHit() }
+            return fresh
+        }
+        do {
+            _ = try await fetchFromStore(operation, retry: retry, servesStale: true)
+        } catch {
+            try Task.checkCancellation()
+        }
+        return snapshot
+    }
+
     /// Returns the value like ``value(retry:_:)``, passing `context` to an operation that captures
     /// nothing, so that a hit allocates nothing whatever the operation needs.
     ///
@@ -339,9 +378,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
     nonisolated(nonsending) func fetchFromStore(
         _ operation: @escaping Operation, retry: RetryPolicy?, servesStale: Bool
     ) async throws -> Value {
-        let mode: AsyncStateStore<Value>.Machine.FetchMode =
-            servesStale && store.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
-        return try await store.fetch(operation, mode: mode, policy: retry)
+        try await store.fetch(operation, mode: servesStale ? store.servingMode : .ifExpired, policy: retry)
     }
 
     /// Re-runs the fetch when the phase is ``AsyncPhase/failure(_:)`` or ``AsyncPhase/empty`` — with

@@ -104,3 +104,96 @@ private func present(_ snapshot: AsyncSnapshot<[Int]>) -> Presented {
         #expect(AsyncSnapshot(value: 0, phase: .loading, isExpired: true, hasValue: true).previousValue == 0)
     }
 }
+
+/// `snapshot(retry:_:)`: the value and its metadata from one read, answered like `value`.
+@Suite struct SnapshotReadTests {
+    @Test func aMissWaitsForTheFetchAndAHitAnswersAtOnceWithTheSameSnapshot() async throws {
+        let clock = VirtualClock()
+        let state = AsyncState<[Int]>(wrappedValue: [], expiry: .seconds(60), clock: clock)
+        let source = Source<[Int]>()
+        let load = source.operation(on: clock, delay: .seconds(2), value: [1])
+        let caller = clock.task { try await state.snapshot(load) }
+        await clock.advance(by: .seconds(2))
+        let fetched = try await caller.value
+        #expect(fetched.value == [1])
+        #expect(fetched.phase.lastUpdated == clock.date)
+        #expect(fetched.lastSuccess == clock.date)
+        #expect(!fetched.isExpired)
+        await clock.advance(by: .seconds(30))
+        let hit = try await state.snapshot(load)
+        #expect(source.runs == 1)
+        #expect(hit.value == [1] && hit.lastSuccess == fetched.lastSuccess && !hit.isExpired)
+        // Expired: the next call goes to the source again and reports the new date.
+        await clock.advance(by: .seconds(30))
+        let again = clock.task { try await state.snapshot(load) }
+        await clock.advance(by: .seconds(2))
+        #expect(try await again.value.lastSuccess == clock.date)
+        #expect(source.runs == 2)
+    }
+
+    @Test func aFailureIsTheSnapshotsPhaseWithThePreviousValueNotAnError() async throws {
+        let clock = VirtualClock()
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(10), clock: clock)
+        let none = try await state.snapshot { throw SourceDown(code: 503) }
+        #expect(none.phase.error as? SourceDown == SourceDown(code: 503))
+        #expect(none.previousValue == nil)
+        await state.set(5)
+        await clock.advance(by: .seconds(10))
+        let failed = try await state.snapshot { throw SourceDown(code: 502) }
+        #expect(failed.phase.kind == .failure)
+        #expect(failed.previousValue == 5)
+        #expect(failed.isExpired)
+        #expect(failed.failureCount == 1)
+    }
+
+    @Test func underStaleWhileRevalidateTheStaleValueComesAtOnceWhileItLoads() async throws {
+        let clock = VirtualClock()
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(10), clock: clock, staleWhileRevalidate: true)
+        let source = Source<Int>()
+        await state.set(1)
+        await clock.advance(by: .seconds(11))
+        let stale = try await state.snapshot(source.operation(on: clock, delay: .seconds(5), value: 2))
+        #expect(stale.value == 1)
+        #expect(stale.phase.kind == .loading)
+        #expect(stale.isExpired)
+        #expect(stale.previousValue == 1)
+        await clock.advance(by: .seconds(5))
+        #expect(state.snapshot.value == 2)
+        #expect(source.runs == 1)
+    }
+
+    @Test func aCancelledCallerGetsCancellationErrorAndTheFetchGoesOnForOthers() async throws {
+        let clock = VirtualClock()
+        let state = AsyncState<Int>(wrappedValue: 0, clock: clock)
+        let load = Source<Int>().operation(on: clock, delay: .seconds(5), value: 7)
+        let leaving = clock.task { try await state.snapshot(load) }
+        let staying = clock.task { try await state.snapshot(load) }
+        await clock.advance(by: .seconds(1))
+        leaving.cancel()
+        await #expect(throws: CancellationError.self) { try await leaving.value }
+        await clock.advance(by: .seconds(4))
+        #expect(try await staying.value.value == 7)
+    }
+
+    @Test func aFamilyAnswersWithTheKeysSnapshotLiveOrCompact() async throws {
+        let clock = VirtualClock()
+        let family = AsyncStateFamily<Int, String>(expiry: .seconds(60), clock: clock)
+        let source = Source<String>()
+        let load = source.operation(on: clock, delay: .seconds(1), value: "three")
+        let caller = clock.task { try await family.snapshot(for: 3) { _ in try await load() } }
+        await clock.advance(by: .seconds(1))
+        let fetched = try await caller.value
+        #expect(fetched.value == "three" && fetched.lastSuccess == clock.date && !fetched.isExpired)
+        // Settled and unused: compact; a hit reads it from the shard, without the source.
+        guard case .compact = family.core.peek(3) else {
+            Issue.record("the settled entry was not compacted")
+            return
+        }
+        let hit = try await family.snapshot(for: 3) { _ in "never" }
+        #expect(hit.value == "three" && hit.lastSuccess == fetched.lastSuccess && hit.phase.kind == .success)
+        let failed = try await family.snapshot(for: 4) { _ in throw SourceDown(code: 404) }
+        #expect(failed.phase.error as? SourceDown == SourceDown(code: 404))
+        #expect(failed.value == nil && failed.previousValue == nil)
+        #expect(source.runs == 1)
+    }
+}

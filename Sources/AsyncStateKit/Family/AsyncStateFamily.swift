@@ -243,15 +243,40 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         return try await fetchFromStore(key, servesStale: true, retry: retry) { try await operation($0, context) }
     }
 
+    /// Answers like ``value(for:retry:_:)`` but returns `key`'s value with its metadata in one
+    /// snapshot, like ``AsyncState/snapshot(retry:_:)``: a failed fetch is the snapshot's phase, not
+    /// an error.
+    ///
+    /// - Parameters:
+    ///   - key: The key; its entry is made if it has none.
+    ///   - retry: The retry policy for a fetch this call starts; `nil` for the family's.
+    ///   - operation: Fetches the value of the key it is given.
+    /// - Returns: `key`'s snapshot once the call is answered (its value is `nil` if the key never had
+    ///   one).
+    /// - Throws: `CancellationError` only when the caller's task is cancelled.
+    public nonisolated(nonsending) func snapshot(
+        for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
+    ) async throws -> AsyncSnapshot<Value?> {
+        if let fresh = core.freshSnapshot(of: key, at: core.clock.now()) { return fresh }
+        return try await core.using(key) { store in
+            do {
+                _ = try await fetch(key, from: store, mode: store.servingMode, retry: retry, operation)
+            } catch {
+                try Task.checkCancellation()
+            }
+            // Read while the entry is still in use: it is this store's latest snapshot.
+            return store.cell.snapshot(at: core.clock.now())
+        }
+    }
+
     /// The miss path of ``value(for:retry:_:)``.
     @usableFromInline
     nonisolated(nonsending) func fetchFromStore(
         _ key: Key, servesStale: Bool, retry: RetryPolicy?, _ operation: @escaping Operation
     ) async throws -> Value {
         try await core.using(key) { store in
-            let mode: AsyncStateStore<Value?>.Machine.FetchMode =
-                servesStale && store.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
-            return try await fetch(key, from: store, mode: mode, retry: retry, operation)
+            try await fetch(
+                key, from: store, mode: servesStale ? store.servingMode : .ifExpired, retry: retry, operation)
         }
     }
 

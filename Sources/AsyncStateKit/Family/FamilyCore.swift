@@ -99,6 +99,13 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         return fresh
     }
 
+    /// `key`'s snapshot if it has an entry with fresh data, as ``freshValue(of:at:)``.
+    func freshSnapshot(of key: Key, at now: Duration) -> AsyncSnapshot<Value?>? {
+        let fresh = shard(for: key).withLock { $0.freshSnapshot(of: key, at: now, hitWindow: hitWindow) }
+        if isObserved, fresh != nil { observeHit(of: key) }
+        return fresh
+    }
+
     /// Reports a hit on `key` (outside any lock).
     @usableFromInline
     func observeHit(of key: Key) {

@@ -145,6 +145,21 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         return isWithinExpiry(since: freshSince[i], at: now, expiry: hitWindow) ? values[i] : nil
     }
 
+    /// The snapshot of `key`'s entry if its data is fresh at `now` (as ``freshValue(of:at:hitWindow:)``,
+    /// recording the access), read under this shard's lock.
+    mutating func freshSnapshot(of key: Key, at now: Duration, hitWindow: Duration) -> AsyncSnapshot<Value?>? {
+        guard let slot = index[key] else { return nil }
+        touch(slot, at: now)
+        let i = Int(slot)
+        if let store = stores[i] { return store.cell.freshSnapshot(at: now) }
+        guard isWithinExpiry(since: freshSince[i], at: now, expiry: hitWindow), let metadata = metadata[i] else {
+            return nil
+        }
+        return AsyncSnapshot(
+            value: values[i], phase: metadata.phase, isExpired: false, lastError: metadata.lastError,
+            lastSuccess: metadata.lastSuccess, successCount: metadata.successCount, hasValue: true)
+    }
+
     // MARK: Entries
 
     /// The entry at `slot`.

@@ -43,6 +43,9 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     var waiters: WaiterTable<Value> { WaiterTable(cell: cell) }
     /// Whether `value` serves stale data at once and refreshes it in the background.
     @usableFromInline let staleWhileRevalidate: Bool
+    /// How `value` (and `snapshot(retry:_:)`) fetch: serving stale data at once under
+    /// stale-while-revalidate, else only fresh data.
+    var servingMode: Machine.FetchMode { staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired }
     /// The observer and what the state reports as; `nil` without an observer.
     let observation: Observation?
     /// Whether there is an observer: all the hit path reads without one.

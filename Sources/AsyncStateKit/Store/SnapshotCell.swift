@@ -59,6 +59,17 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         }
     }
 
+    /// The current snapshot if the data is fresh at `now` (and not due for a refresh ahead), else
+    /// `nil`: the hit path of `snapshot(retry:_:)`, the value and its metadata read under one lock.
+    func freshSnapshot(at now: Duration) -> AsyncSnapshot<Value>? {
+        contents.withLock { contents in
+            guard isWithinExpiry(since: contents.freshSince, at: now, expiry: hitWindow) else { return nil }
+            var snapshot = contents.snapshot
+            snapshot.isExpired = false
+            return snapshot
+        }
+    }
+
     /// Whether the data is older than `interval` at `now`, or was never fresh, or was invalidated.
     func hasExpired(in interval: Duration, at now: Duration) -> Bool {
         contents.withLock { !isWithinExpiry(since: $0.freshSince, at: now, expiry: interval) }
