@@ -1,0 +1,59 @@
+// swift-tools-version: 6.2
+// An example service, a package of its own so that the library's root package stays free of
+// dependencies: a root `swift build` never reads this manifest.
+import PackageDescription
+
+import struct Foundation.URL
+
+// A path dependency is known by its directory's name, which depends on where the repository was
+// cloned ("swift-async-state", or "main" in CI): read it rather than assume it.
+let root = URL(fileURLWithPath: #filePath)
+    .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+let library = root.lastPathComponent.lowercased()
+
+let package = Package(
+    name: "HummingbirdService",
+    platforms: [.macOS(.v15)],
+    dependencies: [
+        .package(path: "../.."),
+        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1", traits: ["FullFoundation"]),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
+    ],
+    targets: [
+        // The service: its states, routes, observers and configuration (tested without a socket).
+        .target(
+            name: "StateService",
+            dependencies: [
+                .product(name: "AsyncStateKit", package: library),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+            ]
+        ),
+        // `swift run hummingbird-service`: reads the environment, bootstraps logging and metrics, runs.
+        .executableTarget(
+            name: "hummingbird-service",
+            dependencies: ["StateService"]
+        ),
+        .testTarget(
+            name: "StateServiceTests",
+            dependencies: [
+                "StateService",
+                .product(name: "AsyncStateTesting", package: library),
+                .product(name: "HummingbirdTesting", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,70 @@
+import AsyncStateKit
+import Foundation
+
+/// The service's fetched data: one state per route and a family per path parameter, each configured
+/// at run time from ``Settings`` (so they are plain `let`s made in `init`, not `@AsyncState` wrappers
+/// with literal arguments).
+///
+/// - `config`: critical — `/ready` answers 503 until it has a value. Refreshed in the background by
+///   ``RefreshService`` (owned by the service group) and refreshed ahead by requests from 80 % of
+///   its expiry, so requests never wait at the boundary.
+/// - `rates`: stale-while-revalidate: an expired value is served at once while one refetch runs.
+/// - `profiles`: a profile per user id, at most `profileCapacity` of them, refreshed ahead; idle ones
+///   are dropped after `profileIdleExpiry`.
+///
+/// Every fetch retries with exponential backoff, times out, and caches its failure for
+/// `failureExpiry` (the `Retry-After` of a 503), so a down upstream is not hammered.
+public final class Catalog: Sendable {
+    public let config: AsyncState<ServiceConfig>
+    public let rates: AsyncState<Rates>
+    public let profiles: AsyncStateFamily<Int, Profile>
+    public let upstream: any Upstream
+
+    /// Makes the states; they fetch nothing until asked.
+    ///
+    /// - Parameters:
+    ///   - clock: The states' clock: `ContinuousClock` in production, a `VirtualClock` in tests.
+    ///   - observer: Receives every state's events (logs and metrics).
+    public init(
+        settings: Settings, upstream: any Upstream, clock: some Clock<Duration> = ContinuousClock(),
+        observer: (any AsyncStateObserver)? = nil
+    ) {
+        let retry = RetryPolicy.exponential(
+            maxAttempts: settings.retryAttempts, initial: settings.retryInitialDelay, cap: .seconds(10),
+            jitter: .full
+        )
+        .retrying { ($0 as? UpstreamError) != .notFound }
+        self.upstream = upstream
+        config = AsyncState(
+            wrappedValue: ServiceConfig(version: 0, features: [:]), expiry: settings.configExpiry, clock: clock,
+            retry: retry, timeout: settings.fetchTimeout, failureExpiry: settings.failureExpiry,
+            refreshAfter: settings.configExpiry * 0.8, name: "config", observer: observer)
+        rates = AsyncState(
+            wrappedValue: Rates(base: "", rates: [:]), expiry: settings.ratesExpiry, clock: clock, retry: retry,
+            timeout: settings.fetchTimeout, failureExpiry: settings.failureExpiry, staleWhileRevalidate: true,
+            name: "rates", observer: observer)
+        profiles = AsyncStateFamily(
+            expiry: settings.profileExpiry, capacity: settings.profileCapacity,
+            idleExpiry: settings.profileIdleExpiry, clock: clock, retry: retry, timeout: settings.fetchTimeout,
+            failureExpiry: settings.failureExpiry, refreshAfter: settings.profileExpiry * 0.8, name: "profiles",
+            observer: observer)
+    }
+
+    /// Whether every critical state has a value (fetched once; it may have expired since): what
+    /// `/ready` reports.
+    public var isReady: Bool { config.snapshot.hasValue }
+
+    // The operations: each fetch goes through the states, never straight to the upstream.
+
+    func configSnapshot() async throws -> AsyncSnapshot<ServiceConfig> {
+        try await config.snapshot { [upstream] in try await upstream.config() }
+    }
+
+    func ratesSnapshot() async throws -> AsyncSnapshot<Rates> {
+        try await rates.snapshot { [upstream] in try await upstream.rates() }
+    }
+
+    func profileSnapshot(_ id: Int) async throws -> AsyncSnapshot<Profile?> {
+        try await profiles.snapshot(for: id) { [upstream] id in try await upstream.profile(id) }
+    }
+}

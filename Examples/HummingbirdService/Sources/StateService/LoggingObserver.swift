@@ -1,0 +1,65 @@
+import AsyncStateKit
+import Logging
+
+/// Logs what states do through swift-log: one line per transition, with the state's name (and a
+/// family entry's key) as metadata. Hits and joins are per request, so they log at `trace`; fetches
+/// at `debug`/`info`, failures at `warning`/`error`.
+///
+/// ```swift
+/// AsyncState(wrappedValue: .empty, name: "rates", observer: LoggingObserver(logger: logger))
+/// ```
+public struct LoggingObserver: AsyncStateObserver {
+    public let logger: Logger
+
+    public init(logger: Logger) {
+        self.logger = logger
+    }
+
+    public func observe(_ event: AsyncStateEvent) {
+        var metadata: Logger.Metadata = ["state": "\(event.name)"]
+        if let key = event.key { metadata["key"] = "\(key)" }
+        switch event.kind {
+        case .hit:
+            logger.trace("hit", metadata: metadata)
+        case .joined:
+            logger.trace("joined the fetch in flight", metadata: metadata)
+        case .started(let reason):
+            metadata["reason"] = "\(reason.rawValue)"
+            logger.debug("fetch started", metadata: metadata)
+        case .attemptFailed(let error, let attempt, let retryIn):
+            metadata["error"] = "\(error)"
+            metadata["attempt"] = "\(attempt)"
+            metadata["retry_in"] = "\(retryIn)"
+            logger.warning("attempt failed, retrying", metadata: metadata)
+        case .succeeded(let duration, let attempts):
+            metadata["duration"] = "\(duration)"
+            metadata["attempts"] = "\(attempts)"
+            logger.info("fetch succeeded", metadata: metadata)
+        case .failed(let error, let duration, let attempts):
+            metadata["error"] = "\(error)"
+            metadata["duration"] = "\(duration)"
+            metadata["attempts"] = "\(attempts)"
+            logger.error("fetch failed", metadata: metadata)
+        case .cancelled:
+            logger.info("fetch cancelled", metadata: metadata)
+        case .invalidated:
+            logger.debug("invalidated", metadata: metadata)
+        case .removed(let reason):
+            metadata["reason"] = "\(reason)"
+            logger.debug("entry removed", metadata: metadata)
+        }
+    }
+}
+
+/// Several observers as one: each event goes to each, in order.
+public struct ObserverGroup: AsyncStateObserver {
+    public let observers: [any AsyncStateObserver]
+
+    public init(_ observers: [any AsyncStateObserver]) {
+        self.observers = observers
+    }
+
+    public func observe(_ event: AsyncStateEvent) {
+        for observer in observers { observer.observe(event) }
+    }
+}

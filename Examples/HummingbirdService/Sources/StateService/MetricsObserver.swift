@@ -1,0 +1,88 @@
+import AsyncStateKit
+import CoreMetrics
+import Synchronization
+
+/// Counts what states do through swift-metrics, labelled by the state's name:
+///
+/// - `async_state_hits_total`: callers answered with fresh data at once;
+/// - `async_state_misses_total`: callers that had to wait (joined a fetch, or started one);
+/// - `async_state_runs_total{reason}`: operation runs (fetch, refresh, retry, background, periodic)
+///   — the figure that shows single flight: runs stay flat while requests climb;
+/// - `async_state_attempt_failures_total`, `async_state_failures_total`: failed attempts, and fetches
+///   that failed after their retries;
+/// - `async_state_evictions_total{reason}`: family entries removed (evicted, idle, removed, replaced);
+/// - `async_state_fetch_duration_seconds{outcome}`: a timer per fetch, success or failure.
+///
+/// Metric objects are made once per label set and kept (making one per event would allocate and
+/// take the backend's lock on every hit).
+public final class MetricsObserver: AsyncStateObserver {
+    private let factory: any MetricsFactory
+    private let counters = Mutex<[CounterKey: Counter]>([:])
+    private let timers = Mutex<[CounterKey: Timer]>([:])
+
+    /// Reports to `factory` (the one bootstrapped with `MetricsSystem.bootstrap` by default).
+    public init(factory: any MetricsFactory = MetricsSystem.factory) {
+        self.factory = factory
+    }
+
+    public func observe(_ event: AsyncStateEvent) {
+        let state = event.name
+        switch event.kind {
+        case .hit: count("async_state_hits_total", state)
+        case .joined: count("async_state_misses_total", state)
+        case .started(let reason):
+            // The caller that starts a fetch missed too; background and periodic runs had no caller.
+            if reason == .fetch { count("async_state_misses_total", state) }
+            count("async_state_runs_total", state, ("reason", reason.rawValue))
+        case .attemptFailed: count("async_state_attempt_failures_total", state)
+        case .succeeded(let duration, _): time(state, "success", duration)
+        case .failed(_, let duration, _):
+            count("async_state_failures_total", state)
+            time(state, "failure", duration)
+        case .cancelled: count("async_state_cancellations_total", state)
+        case .invalidated: count("async_state_invalidations_total", state)
+        case .removed(let reason): count("async_state_evictions_total", state, ("reason", "\(reason)"))
+        }
+    }
+
+    private func count(_ label: String, _ state: String, _ extra: (String, String)? = nil) {
+        let key = CounterKey(label: label, state: state, extra: extra?.1)
+        let counter = counters.withLock { counters in
+            if let counter = counters[key] { return counter }
+            var dimensions = [("state", state)]
+            if let extra { dimensions.append(extra) }
+            let counter = Counter(label: label, dimensions: dimensions, factory: factory)
+            counters[key] = counter
+            return counter
+        }
+        counter.increment()
+    }
+
+    private func time(_ state: String, _ outcome: String, _ duration: Duration) {
+        let key = CounterKey(label: "async_state_fetch_duration_seconds", state: state, extra: outcome)
+        let timer = timers.withLock { timers in
+            if let timer = timers[key] { return timer }
+            let timer = Timer(
+                label: key.label, dimensions: [("state", state), ("outcome", outcome)], factory: factory)
+            timers[key] = timer
+            return timer
+        }
+        timer.recordNanoseconds(duration.nanoseconds)
+    }
+
+    private struct CounterKey: Hashable {
+        var label: String
+        var state: String
+        var extra: String?
+    }
+}
+
+extension Duration {
+    /// Whole nanoseconds, saturating (a timer takes an `Int64`).
+    var nanoseconds: Int64 {
+        let (seconds, attoseconds) = components
+        let (product, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+        if overflow { return seconds < 0 ? .min : .max }
+        return product.addingReportingOverflow(attoseconds / 1_000_000_000).overflow ? .max : product + attoseconds / 1_000_000_000
+    }
+}

@@ -1,0 +1,59 @@
+import AsyncStateKit
+import AsyncStateTesting
+import Hummingbird
+import HummingbirdTesting
+import Logging
+import ServiceLifecycle
+import Testing
+
+@testable import StateService
+
+@Suite(.timeLimit(.minutes(1))) struct LifecycleTests {
+    @Test func readyOnlyOnceTheCriticalStateHasDataThenRefreshedInTheBackground() async throws {
+        let fixture = Fixture(latency: .seconds(1)) { $0.configRefreshInterval = .seconds(30) }
+        let (clock, upstream) = (fixture.clock, fixture.upstream)
+        try await fixture.service().test(.router) { client async throws in
+            // The refresh service is fetching the configuration (and warming the rates).
+            let notReady = try await client.get("/ready")
+            #expect(notReady.status == .serviceUnavailable)
+            #expect(notReady.headers[.retryAfter] == "1")
+            await clock.waitForSleepers(2)
+            await clock.advance(by: .seconds(1))
+            #expect(try await client.get("/ready").status == .ok)
+            #expect(try await client.get("/config").headers[.age] == "0")
+            // Every 30 s after a fetch settles, the configuration is refreshed without a request.
+            // (The refresh runs in the service group's task, which the clock does not watch: wait
+            // for it to reach the upstream's sleep, then for the loop's next 30 s sleep.)
+            await clock.advance(by: .seconds(30))
+            await clock.waitForSleepers(1)
+            #expect(upstream.calls("config") == 2)
+            await clock.advance(by: .seconds(1))
+            await clock.waitForSleepers(1)
+            #expect(try await client.get("/config").headers[.age] == "0")
+        }
+        // The test framework shut the service group down gracefully: the refresh loop ended, and
+        // nothing fetches any more however far time goes.
+        #expect(fixture.metric(#"async_state_runs_total{state="config",reason="periodic"}"#) == 2)
+        await clock.advance(by: .seconds(3600))
+        #expect(upstream.calls("config") == 2)
+        #expect(clock.pendingSleepers == 0)
+    }
+
+    @Test func gracefulShutdownCancelsARefreshInFlightAndReturns() async throws {
+        let fixture = Fixture(latency: .seconds(10))
+        let (clock, upstream) = (fixture.clock, fixture.upstream)
+        let service = RefreshService(catalog: fixture.catalog, interval: .seconds(30), logger: Logger(label: "test"))
+        let group = ServiceGroup(
+            configuration: .init(services: [service], gracefulShutdownSignals: [], logger: Logger(label: "test")))
+        let running = Task { try await group.run() }
+        await clock.waitForSleepers(2)  // the configuration and the rates, each 10 s away
+        await group.triggerGracefulShutdown()
+        try await running.value
+        // The operations were cancelled; each notices on its own thread, a moment later.
+        #expect(await eventually { upstream.cancellations("config") == 1 })
+        #expect(await eventually { upstream.cancellations("rates") == 1 })
+        #expect(fixture.catalog.config.phase.kind == .initial)  // cancelled: back where it was
+        #expect(!fixture.catalog.isReady)
+        #expect(clock.pendingSleepers == 0)
+    }
+}

@@ -1,0 +1,109 @@
+import AsyncStateKit
+import AsyncStateTesting
+import Foundation
+import Hummingbird
+import HummingbirdTesting
+import Testing
+
+@testable import StateService
+
+@Suite struct RouteTests {
+    @Test func statusAndHeadersFollowThePhaseOfEachState() async throws {
+        let fixture = Fixture()
+        let (clock, upstream) = (fixture.clock, fixture.upstream)
+        try await fixture.routes().test(.router) { client async throws in
+            // Fetched: 200, fresh, Age 0.
+            var response = try await client.get("/config")
+            #expect(response.status == .ok)
+            #expect(response.phase == "success")
+            #expect(response.headers[.age] == "0")
+            #expect(response.text.contains("\"version\":1"))
+
+            // Half a minute later: the same data, from the state, 30 s old.
+            await clock.advance(by: .seconds(30))
+            response = try await client.get("/config")
+            #expect(response.status == .ok)
+            #expect(response.headers[.age] == "30")
+            #expect(upstream.calls("config") == 1)
+
+            // Expired, and the upstream is down: the last good value, with its age and the phase.
+            upstream.setDown(true)
+            await clock.advance(by: .seconds(31))
+            response = try await client.get("/config")
+            #expect(response.status == .ok)
+            #expect(response.phase == "failure")
+            #expect(response.headers[.age] == "61")
+            #expect(upstream.calls("config") == 2)
+
+            // Never fetched and the upstream is down: 503 with Retry-After (the failure expiry);
+            // within it, the cached failure is answered without calling the upstream again.
+            response = try await client.get("/rates")
+            #expect(response.status == .serviceUnavailable)
+            #expect(response.headers[.retryAfter] == "1")
+            #expect(response.phase == "failure")
+            #expect(try await client.get("/rates").status == .serviceUnavailable)
+            #expect(upstream.calls("rates") == 1)
+
+            // Back up, after the failure expiry: 200.
+            upstream.setDown(false)
+            await clock.advance(by: .seconds(1))
+            #expect(try await client.get("/rates").status == .ok)
+            #expect(upstream.calls("rates") == 2)
+
+            // A path parameter that is not an id, and an id the upstream does not know.
+            #expect(try await client.get("/users/abc").status == .badRequest)
+            response = try await client.get("/users/2000000")
+            #expect(response.status == .notFound)
+            #expect(try await client.get("/users/42").text.contains("user 42"))
+        }
+    }
+
+    @Test func concurrentRequestsShareOneRunPerKeyAndTheMetricsSaySo() async throws {
+        let fixture = Fixture(latency: .seconds(1))
+        let (clock, upstream) = (fixture.clock, fixture.upstream)
+        try await fixture.routes().test(.router) { client async throws in
+            try await withThrowingTaskGroup(of: TestResponse.self) { group in
+                for _ in 0..<20 { group.addTask { try await client.get("/users/7") } }
+                for _ in 0..<10 { group.addTask { try await client.get("/config") } }
+                // One upstream call per state, each asleep for its second.
+                await clock.waitForSleepers(2)
+                await clock.advance(by: .seconds(1))
+                for try await response in group { #expect(response.status == .ok) }
+            }
+            #expect(upstream.calls("profile") == 1)
+            #expect(upstream.calls("config") == 1)
+            for _ in 0..<5 { #expect(try await client.get("/users/7").status == .ok) }
+        }
+        #expect(fixture.metric(#"async_state_runs_total{state="profiles",reason="fetch"}"#) == 1)
+        #expect(fixture.metric(#"async_state_misses_total{state="profiles"}"#) == 20)
+        #expect(fixture.metric(#"async_state_hits_total{state="profiles"}"#) == 5)
+        #expect(fixture.metric(#"async_state_runs_total{state="config",reason="fetch"}"#) == 1)
+        #expect(fixture.metric(#"async_state_misses_total{state="config"}"#) == 10)
+        #expect(fixture.metric(#"async_state_fetch_duration_seconds_count{state="config",outcome="success"}"#) == 1)
+        #expect(fixture.metric(#"async_state_fetch_duration_seconds_sum{state="config",outcome="success"}"#) == 1)
+    }
+
+    @Test func failuresAndEvictionsAreCounted() async throws {
+        let fixture = Fixture { $0.profileCapacity = 2 }
+        try await fixture.routes().test(.router) { client async throws in
+            for id in 1...5 { #expect(try await client.get("/users/\(id)").status == .ok) }
+            fixture.upstream.setDown(true)
+            #expect(try await client.get("/rates").status == .serviceUnavailable)
+        }
+        #expect(fixture.metric(#"async_state_evictions_total{state="profiles",reason="evicted"}"#) == 3)
+        #expect(fixture.metric(#"async_state_failures_total{state="rates"}"#) == 1)
+        #expect(fixture.metric(#"async_state_fetch_duration_seconds_count{state="rates",outcome="failure"}"#) == 1)
+    }
+
+    @Test func theMetricsEndpointServesTheRegistry() async throws {
+        let fixture = Fixture()
+        try await fixture.routes().test(.router) { client async throws in
+            _ = try await client.get("/config")
+            _ = try await client.get("/config")
+            let response = try await client.get("/metrics")
+            #expect(response.status == .ok)
+            #expect(response.text.contains(#"async_state_hits_total{state="config"} 1"#))
+            #expect(response.text.contains(#"async_state_runs_total{state="config",reason="fetch"} 1"#))
+        }
+    }
+}

@@ -1,0 +1,135 @@
+import AsyncStateKit
+import AsyncStateTesting
+import Foundation
+import HTTPTypes
+import Hummingbird
+import HummingbirdTesting
+import Logging
+import Prometheus
+import Synchronization
+
+@testable import StateService
+
+/// An upstream the test scripts: each call sleeps `latency` on the virtual clock (none when zero),
+/// counts itself, and answers — or throws ``UpstreamError/unavailable`` while `isDown`.
+final class ScriptedUpstream: Upstream {
+    struct Script {
+        var latency: Duration = .zero
+        var isDown = false
+        var configVersion = 1
+        var calls: [String: Int] = [:]
+        var cancelled: [String: Int] = [:]
+    }
+
+    let clock: VirtualClock
+    let script = Mutex(Script())
+
+    init(clock: VirtualClock, latency: Duration = .zero) {
+        self.clock = clock
+        script.withLock { $0.latency = latency }
+    }
+
+    func calls(_ name: String) -> Int { script.withLock { $0.calls[name, default: 0] } }
+    func cancellations(_ name: String) -> Int { script.withLock { $0.cancelled[name, default: 0] } }
+    func setDown(_ down: Bool) { script.withLock { $0.isDown = down } }
+
+    func config() async throws -> ServiceConfig {
+        let version = try await call("config")
+        return ServiceConfig(version: version, features: ["search": true])
+    }
+
+    func rates() async throws -> Rates {
+        _ = try await call("rates")
+        return Rates(base: "EUR", rates: ["USD": 1.08])
+    }
+
+    func profile(_ id: Int) async throws -> Profile {
+        _ = try await call("profile")
+        guard id <= 1_000_000 else { throw UpstreamError.notFound }
+        return Profile(id: id, name: "user \(id)")
+    }
+
+    private func call(_ name: String) async throws -> Int {
+        let latency = script.withLock { script in
+            script.calls[name, default: 0] += 1
+            return script.latency
+        }
+        if latency > .zero {
+            do {
+                try await clock.sleep(for: latency)
+            } catch {
+                script.withLock { $0.cancelled[name, default: 0] += 1 }
+                throw error
+            }
+        }
+        return try script.withLock { script in
+            if script.isDown { throw UpstreamError.unavailable }
+            return script.configVersion
+        }
+    }
+}
+
+/// A service on a virtual clock with a scripted upstream and its own metrics registry.
+struct Fixture {
+    let clock = VirtualClock()
+    let upstream: ScriptedUpstream
+    let settings: Settings
+    let registry = PrometheusCollectorRegistry()
+    let catalog: Catalog
+
+    init(latency: Duration = .zero, _ configure: (inout Settings) -> Void = { _ in }) {
+        var settings = Settings()
+        settings.retryAttempts = 1
+        settings.failureExpiry = .seconds(1)
+        configure(&settings)
+        self.settings = settings
+        upstream = ScriptedUpstream(clock: clock, latency: latency)
+        catalog = Catalog(
+            settings: settings, upstream: upstream, clock: clock,
+            observer: MetricsObserver(factory: PrometheusMetricsFactory(registry: registry)))
+    }
+
+    /// The routes alone (no background refreshes).
+    func routes() -> some ApplicationProtocol {
+        let clock = clock
+        return Application(
+            router: buildRouter(catalog: catalog, settings: settings, registry: registry, now: { clock.date }))
+    }
+
+    /// The whole service, background refreshes included.
+    func service() -> some ApplicationProtocol {
+        let clock = clock
+        return buildApplication(
+            catalog: catalog, settings: settings, registry: registry, logger: Logger(label: "test"),
+            now: { clock.date })
+    }
+
+    /// The value of the metric line that starts with `series` (name and labels), or 0 if absent.
+    func metric(_ series: String) -> Double {
+        for line in registry.emitToString().split(separator: "\n") where line.hasPrefix(series + " ") {
+            return Double(line.dropFirst(series.count + 1)) ?? .nan
+        }
+        return 0
+    }
+}
+
+extension TestClientProtocol {
+    func get(_ uri: String) async throws -> TestResponse {
+        try await execute(uri: uri, method: .get)
+    }
+}
+
+extension TestResponse {
+    var phase: String? { headers[HTTPField.Name("X-State-Phase")!] }
+    var text: String { String(buffer: body) }
+}
+
+/// Whether `condition` becomes true while other tasks run (it is checked between yields, up to a
+/// bound): for effects that happen on threads the virtual clock does not watch. No real time passes.
+func eventually(_ condition: () -> Bool) async -> Bool {
+    for _ in 0..<100_000 {
+        if condition() { return true }
+        await Task.yield()
+    }
+    return condition()
+}
