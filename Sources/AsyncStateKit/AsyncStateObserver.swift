@@ -17,6 +17,10 @@
 /// state's events at that moment, which then delivers them a moment later. A hit is delivered by the
 /// caller's own task, as it happens; a family's removals, by whoever caused them. Keep `observe`
 /// short: it runs on the thread of whoever caused the event.
+///
+/// A caller that did not get fresh data at once — a miss — is reported as what it did next:
+/// ``AsyncStateEvent/Kind/joined`` a fetch in flight, or ``AsyncStateEvent/Kind/started(_:)`` one
+/// with ``AsyncStateEvent/Reason/fetch``; so misses are `joined` plus `started(.fetch)`.
 public protocol AsyncStateObserver: Sendable {
     /// Called once per event.
     func observe(_ event: AsyncStateEvent)
