@@ -22,6 +22,11 @@ public enum AsyncStateError: Error, Sendable, Hashable, CustomStringConvertible 
     /// was asked for. That key's fetch fails with this error; the other keys are unaffected.
     case missingFromBatch
 
+    /// A walk over a paged state's listing (``AsyncPagedState/allPages(retry:_:)``) needed the page at
+    /// this index, which the state no longer keeps: its `maxPages` dropped it after other callers
+    /// read further.
+    case pageNoLongerKept(Int)
+
     /// A readable explanation.
     public var description: String {
         switch self {
@@ -36,6 +41,8 @@ public enum AsyncStateError: Error, Sendable, Hashable, CustomStringConvertible 
             return "run(every:) needs a positive interval, not \(interval)"
         case .missingFromBatch:
             return "the batch operation returned no value for this key"
+        case .pageNoLongerKept(let index):
+            return "page \(index) of the listing is no longer kept (maxPages dropped it)"
         }
     }
 }

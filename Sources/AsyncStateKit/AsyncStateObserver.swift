@@ -76,6 +76,8 @@ public struct AsyncStateEvent: Sendable {
         case background
         /// `run(every:)`'s periodic refresh.
         case periodic
+        /// A paged state's `loadMore`: the next page, appended to the list.
+        case loadMore
     }
 }
 

@@ -204,9 +204,11 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// ticket to wait on must be waited on (``wait(_:)``), or the flight keeps a waiter that never
     /// leaves.
     /// `reason`: why a flight this call starts started, for the observer (by default from `mode`).
+    /// `onStart`: called under the lock when this call starts a flight (not a background one), before
+    /// the flight's `loading` phase is published.
     func enter(
         _ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy? = nil,
-        reason: AsyncStateEvent.Reason? = nil
+        reason: AsyncStateEvent.Reason? = nil, onStart: (() -> Void)? = nil
     ) throws -> Ticket {
         let attempts = callerAttempts
         return try withCore { core, effects -> Ticket in
@@ -229,6 +231,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             case .join:
                 record(.joined, in: &effects)
             case .start(let attempt, let replacing):
+                onStart?()
                 if replacing { endFlightTasks(in: &core, &effects) }
                 begin(attempt, reason: reason ?? (mode == .always ? .refresh : .fetch), at: now, in: &core, &effects)
                 started = true

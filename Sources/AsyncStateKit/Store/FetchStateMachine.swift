@@ -55,6 +55,8 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         /// A refresh ahead, started while the data was still fresh: if it fails, the data stays fresh
         /// until its own expiry.
         var refreshesAhead: Bool
+        /// Its success leaves the data's freshness as it was (``FetchMode/append``).
+        var keepsFreshness: Bool
         /// The jitter generator for this flight's retries.
         var random: SplitMix64
     }
@@ -68,6 +70,9 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         case always
         /// `run(every:)`: joins the flight in flight, otherwise starts one whatever the freshness.
         case joinOrStart
+        /// A paged state's `loadMore`: as ``joinOrStart``, but a flight it starts extends the data
+        /// without renewing its freshness (the list is as old as its first page).
+        case append
         /// `value` with stale-while-revalidate: as ``ifExpired``, except that stale data is returned at
         /// once while a background flight refreshes it.
         case staleWhileRevalidate
@@ -321,7 +326,10 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         }
         // A new flight; `refresh` takes over the old one's waiters, whose result will be dropped.
         let replacing = flight != nil
-        guard let attempt = begin(waiter: waiter, operation: operation, now: now, policy: policy, keepAlive: false)
+        guard
+            let attempt = begin(
+                waiter: waiter, operation: operation, now: now, policy: policy, keepAlive: false,
+                keepsFreshness: mode == .append)
         else { return .fail(AsyncStateError.tooManyAbandonedOperations(limit: AsyncStateLimits.abandonedOperations)) }
         return .start(attempt, replacing: replacing)
     }
@@ -429,7 +437,11 @@ struct FetchStateMachine<Value: Sendable, Operation> {
             value = newValue
             hasData = true
             phase = isEmpty(newValue) ? .empty : .success(date)
-            freshSince = current.expiresOnArrival ? nil : now
+            if current.expiresOnArrival {
+                freshSince = nil
+            } else if !current.keepsFreshness {
+                freshSince = now
+            }
             failedAt = nil
             failureCount = 0
             lastSuccess = date
@@ -487,7 +499,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     /// starting nothing, while too many abandoned operations still run.
     private mutating func begin(
         waiter: WaiterID?, operation: Operation, now: Duration, policy: RetryPolicy?, keepAlive: Bool,
-        refreshesAhead: Bool = false
+        refreshesAhead: Bool = false, keepsFreshness: Bool = false
     ) -> Attempt? {
         guard abandoned.count < AsyncStateLimits.abandonedOperations else { return nil }
         let policy = policy ?? configuration.retry
@@ -501,12 +513,14 @@ struct FetchStateMachine<Value: Sendable, Operation> {
                 Flight(
                     id: id, operation: operation, attempt: attempt, retryAt: nil, waiters: waiters,
                     phaseBefore: phase, expiresOnArrival: false, policy: policy, startedAt: now, failures: 0,
-                    keepAlive: keepAlive, refreshesAhead: refreshesAhead, random: random))
+                    keepAlive: keepAlive, refreshesAhead: refreshesAhead, keepsFreshness: keepsFreshness,
+                    random: random))
         } else {
             mutateFlight { flight in
                 (flight.id, flight.operation, flight.attempt, flight.retryAt) = (id, operation, attempt, nil)
                 (flight.expiresOnArrival, flight.policy, flight.startedAt, flight.failures) = (false, policy, now, 0)
                 (flight.keepAlive, flight.refreshesAhead, flight.random) = (keepAlive, refreshesAhead, random)
+                flight.keepsFreshness = keepsFreshness
                 if let waiter { flight.waiters.insert(waiter) }
             }
         }

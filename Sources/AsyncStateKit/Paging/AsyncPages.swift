@@ -1,0 +1,74 @@
+/// One page of a listing, as a paged state's operation returns it: its items and the cursor of the
+/// next page, `nil` at the end of the listing.
+public struct AsyncPage<Item: Sendable, Cursor: Sendable>: Sendable {
+    /// The page's items, in the listing's order.
+    public var items: [Item]
+    /// Where the next page starts (a token, an offset, a page number), or `nil` if this is the last.
+    public var next: Cursor?
+
+    /// Creates a page.
+    public init(items: [Item], next: Cursor?) {
+        self.items = items
+        self.next = next
+    }
+}
+
+/// The pages an ``AsyncPagedState`` holds: the listing read so far, from its first page.
+///
+/// With `maxPages`, only the most recent pages are kept (a sliding window): ``firstKeptPage`` says
+/// how many were dropped from the front, ``loadedPages`` how many were read in all.
+public struct AsyncPages<Item: Sendable, Cursor: Sendable>: Sendable {
+    /// The kept pages, in the listing's order.
+    public private(set) var pages: [[Item]]
+    /// How many pages were read since the first one, kept or dropped.
+    public private(set) var loadedPages: Int
+    /// The cursor of the next page: `nil` before the first page and at the end of the listing.
+    public private(set) var nextCursor: Cursor?
+    /// Whether the first page was read.
+    public private(set) var hasFirstPage: Bool
+
+    /// Nothing read yet.
+    public init() {
+        pages = []
+        loadedPages = 0
+        nextCursor = nil
+        hasFirstPage = false
+    }
+
+    /// A listing read up to its first page.
+    init(first page: AsyncPage<Item, Cursor>) {
+        pages = [page.items]
+        loadedPages = 1
+        nextCursor = page.next
+        hasFirstPage = true
+    }
+
+    /// Whether there is more to read: before the first page, and while the last page read named a
+    /// next one.
+    public var hasMore: Bool { !hasFirstPage || nextCursor != nil }
+
+    /// The index (from 0, the listing's first page) of the first kept page: the number of pages
+    /// dropped by `maxPages`.
+    public var firstKeptPage: Int { loadedPages - pages.count }
+
+    /// The kept items, in order (joins the kept pages: O(n)).
+    public var items: [Item] { Array(pages.joined()) }
+
+    /// The number of kept items.
+    public var itemCount: Int { pages.reduce(0) { $0 + $1.count } }
+
+    /// Whether the listing is read to its end and holds no item.
+    var isEmptyListing: Bool { hasFirstPage && nextCursor == nil && pages.allSatisfy(\.isEmpty) }
+
+    /// This listing with `page` appended, keeping at most `maxPages` pages (the most recent).
+    func appending(_ page: AsyncPage<Item, Cursor>, maxPages: Int?) -> Self {
+        var result = self
+        result.pages.append(page.items)
+        result.loadedPages += 1
+        result.nextCursor = page.next
+        if let maxPages, result.pages.count > maxPages {
+            result.pages.removeFirst(result.pages.count - maxPages)
+        }
+        return result
+    }
+}
