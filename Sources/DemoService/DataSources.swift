@@ -1,3 +1,4 @@
+public import AsyncStateKit
 public import Foundation
 import Synchronization
 
@@ -184,5 +185,40 @@ public final class FlakyUpstream: Sendable {
         try await clock.sleep(for: latency)
         if failingCalls.contains(call) { throw DemoError.upstream(status: 503) }
         return Quote(price: 100 + Double(call) * 0.25, call: call)
+    }
+}
+
+/// One entry of the audit log.
+public struct AuditEntry: Sendable, Equatable {
+    /// 1-based, in the log's order.
+    public var number: Int
+}
+
+/// An upstream listing read page by page: an audit log of `count` entries, `pageSize` per page, the
+/// cursor being the offset of the page's first entry. Each page takes `latency` on the given clock.
+public final class AuditLog: Sendable {
+    /// Entries in the log.
+    public let count: Int
+    /// Entries per page.
+    public let pageSize: Int
+    /// How long each page read takes.
+    public let latency: Duration
+    private let reads = Mutex(0)
+
+    public init(count: Int, pageSize: Int, latency: Duration) {
+        (self.count, self.pageSize, self.latency) = (count, pageSize, latency)
+    }
+
+    /// How many pages were read.
+    public var readCount: Int { reads.withLock { $0 } }
+
+    /// Reads the page that starts at `cursor` (`nil`: the first).
+    public func page(at cursor: Int?, clock: any Clock<Duration>) async throws -> AsyncPage<AuditEntry, Int> {
+        reads.withLock { $0 += 1 }
+        try await clock.sleep(for: latency)
+        let start = max(0, cursor ?? 0)
+        let end = min(start + pageSize, count)
+        let entries = (start..<max(start, end)).map { AuditEntry(number: $0 + 1) }
+        return AsyncPage(items: entries, next: end < count ? end : nil)
     }
 }

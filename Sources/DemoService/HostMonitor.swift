@@ -3,7 +3,8 @@ import Foundation
 
 /// A small service that holds three pieces of fetched data, the way a real one would: the host's load
 /// averages (cheap, changes all the time: a short expiry), a settings file (changes rarely: invalidated
-/// when the file changes) and a quote from a slow, flaky upstream (retried with backoff).
+/// when the file changes) and a quote from a slow, flaky upstream (retried with backoff) — and a
+/// paginated audit log, read page by page and kept.
 public struct HostMonitor: Sendable {
     /// `/proc/loadavg`, fresh for 1.5 seconds.
     @AsyncState public var load: LoadAverage?
@@ -11,10 +12,13 @@ public struct HostMonitor: Sendable {
     @AsyncState public var settings: Settings?
     /// The upstream's quote, fresh for 4 seconds; up to 3 attempts, 0.5 s then 1 s apart.
     @AsyncState public var quote: Quote?
+    /// The audit log's pages read so far, fresh for a minute.
+    public let audit: AsyncPagedState<AuditEntry, Int>
 
     private let loadSource: LoadAverageSource
     private let settingsFile: SettingsFile
     private let upstream: FlakyUpstream
+    private let auditLog: AuditLog
     private let clock: any Clock<Duration>
 
     /// The policy the quote is fetched with. No jitter, so that the demo's timeline is easy to read;
@@ -25,7 +29,7 @@ public struct HostMonitor: Sendable {
     /// Creates the monitor; `clock` is `ContinuousClock()` in production and a `VirtualClock` in tests.
     public init(
         clock: some Clock<Duration>, loadSource: LoadAverageSource, settingsFile: SettingsFile,
-        upstream: FlakyUpstream
+        upstream: FlakyUpstream, auditLog: AuditLog
     ) {
         _load = AsyncState(wrappedValue: nil, expiry: .milliseconds(1500), clock: clock)
         _settings = AsyncState(wrappedValue: nil, clock: clock)
@@ -33,6 +37,8 @@ public struct HostMonitor: Sendable {
         self.loadSource = loadSource
         self.settingsFile = settingsFile
         self.upstream = upstream
+        self.auditLog = auditLog
+        audit = AsyncPagedState(expiry: .seconds(60), clock: clock)
         self.clock = clock
     }
 
@@ -49,6 +55,12 @@ public struct HostMonitor: Sendable {
     /// The quote, retried by ``quoteRetry``; throws the last error once the attempts are used up.
     public func currentQuote() async throws -> Quote? {
         try await $quote.value { [upstream, clock] in try await upstream.fetchQuote(clock: clock) }
+    }
+
+    /// The audit log's pages, first to last: the kept ones at once while fresh, the others read (and
+    /// kept) as the walk reaches them.
+    public func auditPages() -> AsyncPagedSequence<AuditEntry, Int> {
+        audit.allPages { [auditLog, clock] cursor in try await auditLog.page(at: cursor, clock: clock) }
     }
 
     /// Called by the file watcher: the next request reads the file again.

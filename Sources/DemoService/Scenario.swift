@@ -54,14 +54,17 @@ public struct ScenarioSummary: Sendable, Equatable {
     public var quotesServed: Int, quoteErrors: Int
     /// The quote still readable at the end (`monitor.quote`), after the last fetch failed.
     public var lastQuote: Quote?
+    /// Pages of the audit log read for its two walks.
+    public var auditReads: Int
 
     public init(
         requests: Int, loadReads: Int, settingsReads: Int, upstreamCalls: Int, quotesServed: Int, quoteErrors: Int,
-        lastQuote: Quote?
+        lastQuote: Quote?, auditReads: Int
     ) {
         (self.requests, self.loadReads, self.settingsReads, self.upstreamCalls) =
             (requests, loadReads, settingsReads, upstreamCalls)
         (self.quotesServed, self.quoteErrors, self.lastQuote) = (quotesServed, quoteErrors, lastQuote)
+        self.auditReads = auditReads
     }
 
     /// The summary in words, as the demo prints it.
@@ -73,6 +76,7 @@ public struct ScenarioSummary: Sendable, Equatable {
             "  upstream called \(upstreamCalls) times, retries included; \(quotesServed) requests got a quote, "
                 + "\(quoteErrors) got its error",
             "  the last good quote is still readable: \(lastQuote.map(String.init(describing:)) ?? "none")",
+            "  the audit log (250 entries, 100 a page) walked twice: \(auditReads) page reads (kept for a minute)",
         ]
     }
 }
@@ -107,14 +111,16 @@ public struct Scenario: Sendable {
     public let settingsFile: SettingsFile
     private let loadSource: LoadAverageSource
     private let upstream: FlakyUpstream
+    private let auditLog: AuditLog
 
     /// A scenario over `loadSource`, with its settings file in `directory` and its own flaky upstream.
     public init(clock: some Clock<Duration>, loadSource: LoadAverageSource, directory: URL) {
         self.loadSource = loadSource
         settingsFile = SettingsFile(url: directory.appendingPathComponent("settings.json"))
         upstream = FlakyUpstream(latency: .milliseconds(400), failingCalls: Self.failingUpstreamCalls)
+        auditLog = AuditLog(count: 250, pageSize: 100, latency: .milliseconds(200))
         monitor = HostMonitor(
-            clock: clock, loadSource: loadSource, settingsFile: settingsFile, upstream: upstream)
+            clock: clock, loadSource: loadSource, settingsFile: settingsFile, upstream: upstream, auditLog: auditLog)
     }
 
     /// Runs the script on `clock`, calling `onEntry` for each timeline entry as it happens.
@@ -144,6 +150,7 @@ public struct Scenario: Sendable {
             background.addTask { await Self.record(streams.2, as: "quote", record) }
             background.addTask { try await self.rewriteSettings(clock: clock, from: start, record) }
             background.addTask { try await self.watchSettings(clock: clock, record) }
+            background.addTask { try await self.report(clock: clock, from: start, record) }
 
             (served, errors) = try await withThrowingTaskGroup(of: Bool.self) { requests in
                 for tick in 0..<Self.ticks {
@@ -163,7 +170,7 @@ public struct Scenario: Sendable {
         return ScenarioSummary(
             requests: Self.ticks * Self.handlersPerTick, loadReads: loadSource.readCount,
             settingsReads: settingsFile.readCount, upstreamCalls: upstream.callCount, quotesServed: served,
-            quoteErrors: errors, lastQuote: monitor.quote)
+            quoteErrors: errors, lastQuote: monitor.quote, auditReads: auditLog.readCount)
     }
 
     /// What a request handler does: asks for all three values at once. Returns whether it got a quote.
@@ -186,6 +193,37 @@ public struct Scenario: Sendable {
                 record("writer", "wrote settings.json v\(version)")
             } catch {
                 record("writer", "could not write settings.json: \(error)")
+            }
+        }
+    }
+
+    /// The report: walks the audit log to its end at 5 s (reading its three pages) and again at 8 s
+    /// (the list is fresh: no read).
+    private func report<C: Clock<Duration>>(
+        clock: C, from start: C.Instant, _ record: @Sendable (String, String) -> Void
+    ) async throws {
+        for at in [Duration.seconds(5), .seconds(8)] {
+            try await clock.sleep(until: start.advanced(by: at), tolerance: nil)
+            var (entries, pages) = (0, 0)
+            let readsBefore = auditLog.readCount
+            do {
+                for try await page in monitor.auditPages() {
+                    (entries, pages) = (entries + page.count, pages + 1)
+                    if auditLog.readCount > readsBefore {
+                        let range =
+                            page.first.map { "entries \($0.number)–\($0.number + page.count - 1)" } ?? "no entry"
+                        record(
+                            "audit",
+                            "page \(pages): \(range)\(monitor.audit.hasMore ? ", more to come" : ", end of listing")")
+                    }
+                }
+                let reads = auditLog.readCount - readsBefore
+                record(
+                    "audit",
+                    "walked \(entries) entries in \(pages) pages, \(reads == 0 ? "all kept (fresh)" : "\(reads) page reads")"
+                )
+            } catch {
+                record("audit", "walk failed: \(error)")
             }
         }
     }
@@ -221,26 +259,24 @@ public struct Scenario: Sendable {
         }
     }
 
-    /// A snapshot in words; `nil` for the initial phase.
+    /// A snapshot in words, through the one exhaustive presentation (`fold`); `nil` for the initial
+    /// phase.
     static func describe<Value>(_ snapshot: AsyncSnapshot<Value?>) -> String? {
         let value = snapshot.value.map { String(describing: $0) } ?? "nothing"
-        switch snapshot.phase {
-        case .initial:
-            return nil
-        case .loading where snapshot.failureCount > 0:
-            let error = snapshot.lastError.map { String(describing: $0) } ?? "error"
-            return "loading  attempt \(snapshot.failureCount) failed (\(error)); retrying"
-        case .loading:
-            return "loading"
-        case .empty:
-            return "empty"
-        case .success where snapshot.isExpired:
-            return "stale    invalidated; the next request reads it again"
-        case .success:
-            return "success  \(value)"
-        case .failure(let error):
-            return "failure  \(error) after \(snapshot.failureCount) attempts; still serving \(value)"
-        }
+        return snapshot.fold(
+            initial: { nil },
+            loading: { _ in
+                guard snapshot.failureCount > 0 else { return "loading" }
+                let error = snapshot.lastError.map { String(describing: $0) } ?? "error"
+                return "loading  attempt \(snapshot.failureCount) failed (\(error)); retrying"
+            },
+            empty: { "empty" },
+            success: { _, _ in
+                snapshot.isExpired ? "stale    invalidated; the next request reads it again" : "success  \(value)"
+            },
+            failure: { error, _ in
+                "failure  \(error) after \(snapshot.failureCount) attempts; still serving \(value)"
+            })
     }
 }
 

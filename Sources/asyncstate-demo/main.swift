@@ -20,7 +20,8 @@ let usage = """
 
     Runs a small service that holds three values with @AsyncState and prints a timeline of their
     phases: /proc/loadavg (fresh for 1.5 s), a settings file that another task rewrites (invalidated
-    when it changes), and a slow upstream that fails now and then (retried with backoff).
+    when it changes), and a slow upstream that fails now and then (retried with backoff); and it
+    walks a paginated audit log twice with @AsyncPagedState (read once, then kept).
 
       --virtual   run the same scenario on a VirtualClock: instant, and the same output every time
                   (the load averages are recorded lines instead of the host's)

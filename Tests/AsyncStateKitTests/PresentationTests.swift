@@ -197,3 +197,29 @@ private func present(_ snapshot: AsyncSnapshot<[Int]>) -> Presented {
         #expect(source.runs == 1)
     }
 }
+
+/// The README's and the article's paging and presentation examples, run.
+@Suite struct PagingAndPresentingExampleTests {
+    @Test func theOrdersServiceReadsPagesAndWalksTheListing() async throws {
+        let service = OrdersService()
+        #expect(try await service.firstPage().count == 100)
+        #expect(try await service.nextPage().count == 200)
+        #expect(try await service.countAll() == 250)
+        #expect(try await service.nextPage().count == 250)  // the end: nothing more to read
+    }
+
+    @Test func theHTTPMappingAnswersEveryPhase() async throws {
+        let clock = VirtualClock()
+        let service = TenantConfigService(expiry: .seconds(60), clock: clock)
+        let config = service.$config
+        #expect(answer(for: config.snapshot, now: clock.date) == HTTPAnswer(status: 503, headers: ["Retry-After": "1"]))
+        _ = try await config.snapshot { "flags: on" }
+        await clock.advance(by: .seconds(90))
+        // Expired, and the source fails: the last good value, 90 s old.
+        let failed = try await config.snapshot { throw SourceDown(code: 500) }
+        #expect(answer(for: failed, now: clock.date) == HTTPAnswer(status: 200, headers: ["Age": "90"]))
+        // The handler form, on the real date: a fresh value is 0 s old.
+        let fresh = try await handle(AsyncState(wrappedValue: ""), load: { "flags: off" })
+        #expect(fresh == HTTPAnswer(status: 200, headers: ["Age": "0"]))
+    }
+}

@@ -51,6 +51,11 @@ import Testing
             (4000, "load", "success  load 0.74 0.63 0.60, 3/390 runnable"),
             (4000, "settings", "loading"),
             (4000, "settings", "success  v2 \"hello again\""),
+            // The report walks the audit log: three pages, 0.2 s each, kept by the paged state.
+            (5200, "audit", "page 1: entries 1–100, more to come"),
+            (5400, "audit", "page 2: entries 101–200, more to come"),
+            (5600, "audit", "page 3: entries 201–250, end of listing"),
+            (5600, "audit", "walked 250 entries in 3 pages, 3 page reads"),
             (6000, "load", "loading"),
             (6000, "load", "success  load 0.70 0.63 0.60, 1/388 runnable"),
             (6200, "writer", "wrote settings.json v3"),
@@ -61,6 +66,8 @@ import Testing
             (7000, "settings", "success  v3 \"goodbye\""),
             (7000, "quote", "loading"),
             (7400, "quote", "loading  attempt 1 \(retrying)"),
+            // The second walk finds the list fresh: no read.
+            (8000, "audit", "walked 250 entries in 3 pages, all kept (fresh)"),
             (8000, "load", "loading"),
             (8000, "load", "success  load 0.66 0.62 0.60, 1/389 runnable"),
             (8300, "quote", "loading  attempt 2 \(retrying)"),
@@ -84,7 +91,7 @@ import Testing
             summary
                 == ScenarioSummary(
                     requests: 50, loadReads: 5, settingsReads: 3, upstreamCalls: 6, quotesServed: 35, quoteErrors: 15,
-                    lastQuote: Quote(price: 100.75, call: 3)))
+                    lastQuote: Quote(price: 100.75, call: 3), auditReads: 3))
     }
 
     @Test func renderedLineHasTimeDateStateAndPhase() async throws {
