@@ -129,6 +129,37 @@ final class Listing: Sendable {
         #expect(state.phase.kind == .success)
     }
 
+    @Test func aPageIsRetriedByThePolicyAndTimesOutLikeAnyFetch() async throws {
+        let clock = VirtualClock()
+        let listing = Listing(count: 30)
+        let state = AsyncPagedState<Int, Int>(
+            clock: clock, retry: RetryPolicy(maxAttempts: 2, backoff: .constant(.seconds(1))), timeout: .seconds(5))
+        let first = clock.task { try await state.items(listing.operation(on: clock)) }
+        await clock.advance(by: .seconds(1))
+        _ = try await first.value
+
+        // The page fails once; the policy retries it a second later, when the source is back.
+        listing.fail(at: 10)
+        let more = clock.task { try await state.loadMore(listing.operation(on: clock)) }
+        await clock.advance(by: .seconds(1))
+        #expect(state.phase.kind == .loading && state.snapshot.failureCount == 1)
+        listing.heal()
+        await clock.advance(by: .seconds(2))
+        #expect(try await more.value.items == Array(0..<20))
+        #expect(listing.reads == [nil, 10, 10])
+
+        // A page that takes too long times out, twice (the policy retries a timeout too, a second
+        // later); the list is as it was.
+        let slow = clock.task { try await state.loadMore(listing.operation(on: clock, delay: .seconds(60))) }
+        await clock.advance(by: .seconds(5))
+        #expect(state.snapshot.failureCount == 1)
+        await clock.advance(by: .seconds(6))
+        await #expect(throws: AsyncStateError.timedOut(after: .seconds(5))) { try await slow.value }
+        #expect(listing.cancelled == 2)
+        #expect(state.wrappedValue == Array(0..<20) && state.nextCursor == 20)
+        await clock.advance(by: .seconds(60))
+    }
+
     @Test func aRefreshReplacesTheListAndAPageReadBeforeItIsNeverAppended() async throws {
         let clock = VirtualClock()
         let listing = Listing(count: 30)

@@ -65,7 +65,14 @@ import Testing
             try await withThrowingTaskGroup(of: TestResponse.self) { group in
                 for _ in 0..<20 { group.addTask { try await client.get("/users/7") } }
                 for _ in 0..<10 { group.addTask { try await client.get("/config") } }
-                // One upstream call per state, each asleep for its second.
+                // Every request has joined (or started) its state's fetch — the handlers run on
+                // threads the clock does not watch, so wait for the metrics to say so — and one
+                // upstream call per state is asleep for its second.
+                #expect(
+                    await eventually {
+                        fixture.metric(#"async_state_misses_total{state="profiles"}"#) == 20
+                            && fixture.metric(#"async_state_misses_total{state="config"}"#) == 10
+                    })
                 await clock.waitForSleepers(2)
                 await clock.advance(by: .seconds(1))
                 for try await response in group { #expect(response.status == .ok) }

@@ -127,7 +127,7 @@ extension TestResponse {
 /// Whether `condition` becomes true while other tasks run (it is checked between yields, up to a
 /// bound): for effects that happen on threads the virtual clock does not watch. No real time passes.
 func eventually(_ condition: () -> Bool) async -> Bool {
-    for _ in 0..<100_000 {
+    for _ in 0..<1_000_000 {
         if condition() { return true }
         await Task.yield()
     }
