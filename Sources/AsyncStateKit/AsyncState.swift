@@ -285,9 +285,9 @@ public struct AsyncState<Value: Sendable>: Sendable {
     }
 
     /// Answers like ``value(retry:_:)`` — at once when fresh (or stale under `staleWhileRevalidate`),
-    /// else once the fetch settles — but returns the value together with its metadata, read at once
-    /// under the state's lock: the phase, the date of the success, whether it was expired, the failure
-    /// count.
+    /// else once the fetch settles — but returns the value together with its metadata as one
+    /// snapshot, both from the same moment: the phase, the date of the success, whether it was
+    /// expired, the failure count.
     ///
     /// Reading ``snapshot`` after ``value(retry:_:)`` is two reads: another transition may land
     /// between them, pairing the value with someone else's date. Here the value and its metadata are
@@ -300,14 +300,17 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///
     /// A failed fetch is not thrown: it is the snapshot's phase (``AsyncPhase/failure(_:)``), with the
     /// previous value, if any, in ``AsyncSnapshot/previousValue``. Under a failure expiry the cached
-    /// failure is returned the same way, without calling the source.
+    /// failure is returned the same way, without calling the source. Under stale-while-revalidate,
+    /// a stale value comes with the phase ``AsyncPhase/loading`` of the refresh it started.
     ///
     /// - Parameters:
     ///   - retry: The retry policy for a fetch this call starts; `nil` for the state's.
     ///   - operation: Fetches the value.
     /// - Returns: The snapshot once the call is answered (a later transition may already be in it: a
     ///   snapshot is always the state's latest as a whole, never a mix of two).
-    /// - Throws: `CancellationError` only when the caller's task is cancelled.
+    /// - Throws: `CancellationError` when the caller's task is cancelled;
+    ///   ``AsyncStateError/reentrantCall`` and ``AsyncStateError/tooManyAbandonedOperations(limit:)``,
+    ///   which no fetch ran to put in the phase.
     public nonisolated(nonsending) func snapshot(retry: RetryPolicy? = nil, _ operation: @escaping Operation)
         async throws -> AsyncSnapshot<Value>
     {
@@ -318,7 +321,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         do {
             _ = try await fetchFromStore(operation, retry: retry, servesStale: true)
         } catch {
-            try Task.checkCancellation()
+            try rethrowIfNotInPhase(error)
         }
         return snapshot
     }

@@ -46,3 +46,14 @@ public enum AsyncStateError: Error, Sendable, Hashable, CustomStringConvertible 
         }
     }
 }
+
+/// What `snapshot(retry:_:)` throws of an error its fetch ended with: `CancellationError` when the
+/// caller's task is cancelled, and the errors no fetch ran to put in the phase (a reentrant call, too
+/// many abandoned operations). The others are in the snapshot's phase.
+func rethrowIfNotInPhase(_ error: any Error) throws {
+    try Task.checkCancellation()
+    switch error as? AsyncStateError {
+    case .reentrantCall, .tooManyAbandonedOperations: throw error
+    default: return
+    }
+}

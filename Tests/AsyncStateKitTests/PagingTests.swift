@@ -160,6 +160,74 @@ final class Listing: Sendable {
         await clock.advance(by: .seconds(60))
     }
 
+    @Test func aFailedPageLeavesTheListFreshAndUncached() async throws {
+        let clock = VirtualClock()
+        let listing = Listing(count: 30)
+        let state = AsyncPagedState<Int, Int>(expiry: .seconds(60), clock: clock, failureExpiry: .seconds(30))
+        let read = listing.operation(on: clock, delay: .zero)
+        _ = try await state.items(read)
+        listing.fail(at: 10)
+        await #expect(throws: SourceDown(code: 510)) { try await state.loadMore(read) }
+        // The list still answers, from memory, and its failed page is not a cached failure.
+        #expect(try await state.items(read) == Array(0..<10))
+        #expect(listing.reads == [nil, 10])
+        listing.heal()
+        #expect(try await state.loadMore(read).itemCount == 20)
+        #expect(listing.reads == [nil, 10, 10])
+    }
+
+    @Test func aFirstPageReadByLoadMoreIsFresh() async throws {
+        let clock = VirtualClock()
+        let listing = Listing(count: 30)
+        let log = EventLog()
+        let state = AsyncPagedState<Int, Int>(expiry: .seconds(60), clock: clock, name: "list", observer: log)
+        let read = listing.operation(on: clock, delay: .zero)
+        #expect(try await state.loadMore(read).items == Array(0..<10))
+        #expect(try await state.items(read) == Array(0..<10))
+        #expect(listing.reads == [nil])
+        #expect(log.all.contains("list started(fetch)"))
+    }
+
+    @Test func itemsOnAnExpiredListReadsTheFirstPageInsteadOfJoiningAnAppend() async throws {
+        let clock = VirtualClock()
+        let listing = Listing(count: 30)
+        let state = AsyncPagedState<Int, Int>(expiry: .seconds(60), clock: clock)
+        _ = try await state.items(listing.operation(on: clock, delay: .zero))
+        await clock.advance(by: .seconds(61))
+        let more = clock.task { try await state.loadMore(listing.operation(on: clock)) }
+        await clock.settle()
+        listing.shift(by: 1000)
+        let items = clock.task { try await state.items(listing.operation(on: clock)) }
+        await clock.advance(by: .seconds(1))
+        #expect(try await items.value == Array(1000..<1010))
+        #expect(try await more.value.items == Array(1000..<1010))  // its caller gets the new list
+        #expect(!state.snapshot.isExpired)
+        #expect(listing.reads == [nil, 10, nil])
+    }
+
+    @Test func aNewWalkOnAWindowThatSlidPastTheFirstPageReadsItAgain() async throws {
+        let clock = VirtualClock()
+        let listing = Listing(count: 40)
+        let state = AsyncPagedState<Int, Int>(clock: clock, maxPages: 2)
+        let read = listing.operation(on: clock, delay: .zero)
+        _ = try await state.items(read)
+        _ = try await state.loadMore(read)
+        _ = try await state.loadMore(read)  // page 0 dropped
+        var items: [Int] = []
+        for try await item in state.allItems(read) { items.append(item) }
+        #expect(items == Array(0..<40))
+        #expect(listing.reads == [nil, 10, 20, nil, 10, 20, 30])
+    }
+
+    @Test func aListingWhoseKeptPagesAreEmptyIsNotEmptyIfItDroppedSome() async throws {
+        let clock = VirtualClock()
+        let state = AsyncPagedState<Int, Int>(clock: clock, maxPages: 1)
+        _ = try await state.items { _ in AsyncPage(items: [1], next: 1) }
+        _ = try await state.loadMore { _ in AsyncPage(items: [], next: nil) }
+        #expect(state.wrappedValue.isEmpty && !state.hasMore)
+        #expect(state.phase.kind == .success)
+    }
+
     @Test func aRefreshReplacesTheListAndAPageReadBeforeItIsNeverAppended() async throws {
         let clock = VirtualClock()
         let listing = Listing(count: 30)

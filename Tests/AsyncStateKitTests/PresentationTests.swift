@@ -175,6 +175,15 @@ private func present(_ snapshot: AsyncSnapshot<[Int]>) -> Presented {
         #expect(try await staying.value.value == 7)
     }
 
+    @Test func errorsNoFetchPutInThePhaseAreThrown() async throws {
+        let clock = VirtualClock()
+        let state = AsyncState<Int>(wrappedValue: 0, clock: clock)
+        await #expect(throws: AsyncStateError.reentrantCall) {
+            _ = try await state.snapshot { try await state.snapshot { 1 }.value }
+        }
+        #expect(state.phase.kind == .failure)  // the outer fetch failed with the inner call's error
+    }
+
     @Test func aFamilyAnswersWithTheKeysSnapshotLiveOrCompact() async throws {
         let clock = VirtualClock()
         let family = AsyncStateFamily<Int, String>(expiry: .seconds(60), clock: clock)

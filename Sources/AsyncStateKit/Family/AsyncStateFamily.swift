@@ -253,7 +253,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ///   - operation: Fetches the value of the key it is given.
     /// - Returns: `key`'s snapshot once the call is answered (its value is `nil` if the key never had
     ///   one).
-    /// - Throws: `CancellationError` only when the caller's task is cancelled.
+    /// - Throws: What ``AsyncState/snapshot(retry:_:)`` throws.
     public nonisolated(nonsending) func snapshot(
         for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
     ) async throws -> AsyncSnapshot<Value?> {
@@ -262,7 +262,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
             do {
                 _ = try await fetch(key, from: store, mode: store.servingMode, retry: retry, operation)
             } catch {
-                try Task.checkCancellation()
+                try rethrowIfNotInPhase(error)
             }
             // Read while the entry is still in use: it is this store's latest snapshot.
             return store.cell.snapshot(at: core.clock.now())

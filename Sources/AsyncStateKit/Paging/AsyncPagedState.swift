@@ -144,11 +144,7 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
     public nonisolated(nonsending) func items(retry: RetryPolicy? = nil, _ operation: @escaping Operation)
         async throws -> [Item]
     {
-        if let fresh = store.cell.freshValue(at: store.clock.now()) {
-            if store.isObserved { store.observeHit() }
-            return fresh.items
-        }
-        return try await read(.ifExpired, retry: retry, reason: nil, firstPage(operation)).items
+        try await list(retry: retry, operation).items
     }
 
     /// Reads the first page unless the list is fresh, like ``items(retry:_:)``; never throws (the
@@ -160,15 +156,17 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
     /// Reads from the first page again, fresh or not, replacing a read in flight (whose result is
     /// dropped — an appended page included); the whole list is replaced when the first page lands.
     public nonisolated(nonsending) func refresh(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async {
-        _ = try? await read(.always, retry: retry, reason: nil, firstPage(operation))
+        _ = try? await reload(retry: retry, operation)
     }
 
     /// Appends the next page and returns the pages after it.
     ///
     /// Single flight: while any read is in flight (the first page, a refresh or another page), joins
-    /// it instead. Before the first page, reads it; at the end of the listing (``hasMore`` false),
-    /// returns at once. A failed page leaves the list as it was, with the error in ``phase``; call
-    /// again to retry that page. Appending does not renew the list's freshness.
+    /// it instead. Before the first page, reads it; at the end of the listing (``hasMore`` false)
+    /// with no read in flight, returns at once. A failed page leaves the list as it was — its items,
+    /// and its freshness: ``items(retry:_:)`` still answers from it — with the error in ``phase``;
+    /// call again to retry that page. Appending does not renew the list's freshness; an
+    /// ``items(retry:_:)`` on an expired list does not join an append, it reads the first page.
     ///
     /// - Throws: The page's error (after retries); `CancellationError` when the caller is cancelled.
     @discardableResult
@@ -176,9 +174,12 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
         async throws -> AsyncPages<Item, Cursor>
     {
         let current = store.cell.value
-        if current.hasFirstPage, current.nextCursor == nil { return current }
+        // At the end with nothing in flight: nothing to read. (A read starting right after this
+        // check comes after this call.)
+        if current.hasFirstPage, current.nextCursor == nil, !store.isBusy { return current }
         let maxPages = maxPages
-        return try await read(.append, retry: retry, reason: .loadMore) { [weak store] in
+        let reason: AsyncStateEvent.Reason = current.hasFirstPage ? .loadMore : .fetch
+        return try await read(.append, retry: retry, reason: reason) { [weak store] in
             // The list as the attempt starts: only a set, refresh or reset can change it before this
             // result lands, and each of them drops this result.
             guard let list = store?.cell.value else { throw CancellationError() }
@@ -223,6 +224,24 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
 
     // MARK: Internals
 
+    /// The list: at once when fresh, else after reading the first page (see ``items(retry:_:)``).
+    nonisolated(nonsending) func list(retry: RetryPolicy?, _ operation: @escaping Operation) async throws
+        -> AsyncPages<Item, Cursor>
+    {
+        if let fresh = store.cell.freshValue(at: store.clock.now()) {
+            if store.isObserved { store.observeHit() }
+            return fresh
+        }
+        return try await read(.ifExpired, retry: retry, reason: nil, firstPage(operation))
+    }
+
+    /// Reads from the first page again (see ``refresh(retry:_:)``), throwing what the read throws.
+    nonisolated(nonsending) func reload(retry: RetryPolicy?, _ operation: @escaping Operation) async throws
+        -> AsyncPages<Item, Cursor>
+    {
+        try await read(.always, retry: retry, reason: nil, firstPage(operation))
+    }
+
     /// The operation that reads the first page into a new list.
     private func firstPage(_ operation: @escaping Operation) -> Store.Operation {
         { AsyncPages(first: try await operation(nil)) }
@@ -248,14 +267,17 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
 }
 
 /// The pages of a listing from the first to the last, read through an ``AsyncPagedState`` as the
-/// sequence is iterated: the state's fresh pages are used as they are, the next ones are read with
-/// `loadMore` (single flight with every other caller, cached for them).
+/// sequence is iterated: the walk starts from the state's list if it is fresh (else from a new first
+/// page), uses the pages it keeps, and reads the next ones with `loadMore` (single flight with every
+/// other caller, and kept for them). Pages are not checked for freshness again once the walk started.
 ///
 /// Iteration stops at the end of the listing, throws a page's error (after the state's retries), and
 /// throws `CancellationError` when its task is cancelled. If the state's list is replaced while
-/// walking (a refresh, an expiry), the walk goes on at the same page index in the new list, as a
-/// cursor over a changing listing would. With `maxPages`, a page dropped before the walk reached it
-/// (other callers read further) throws ``AsyncStateError/pageNoLongerKept(_:)``.
+/// walking (a refresh, or another caller's read of an expired list), the walk goes on at the same page
+/// index in the new list, as a cursor over a changing listing would — re-reading the pages before it.
+/// With `maxPages`, a walk from the start whose state's window slid past the first page reads the
+/// first page again (replacing the list); a page dropped before a walk reached it (other callers read
+/// further) throws ``AsyncStateError/pageNoLongerKept(_:)``.
 public struct AsyncPagedSequence<Item: Sendable, Cursor: Sendable>: AsyncSequence, Sendable {
     /// A page's items.
     public typealias Element = [Item]
@@ -281,9 +303,10 @@ public struct AsyncPagedSequence<Item: Sendable, Cursor: Sendable>: AsyncSequenc
             try Task.checkCancellation()
             var list = state.pages
             if next == 0 || !list.hasFirstPage {
-                // The walk starts from the state's list if it is fresh, else from a new first page.
-                try await state.items(retry: retry, operation)
-                list = state.pages
+                // The walk starts from the state's list if it is fresh, else from a new first page; a
+                // list whose window (`maxPages`) slid past the first page is read from it again.
+                list = try await state.list(retry: retry, operation)
+                if next == 0, list.firstKeptPage > 0 { list = try await state.reload(retry: retry, operation) }
             }
             while next >= list.loadedPages {
                 guard list.hasMore else { return nil }

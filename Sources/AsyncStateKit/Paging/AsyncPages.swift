@@ -58,7 +58,9 @@ public struct AsyncPages<Item: Sendable, Cursor: Sendable>: Sendable {
     public var itemCount: Int { pages.reduce(0) { $0 + $1.count } }
 
     /// Whether the listing is read to its end and holds no item.
-    var isEmptyListing: Bool { hasFirstPage && nextCursor == nil && pages.allSatisfy(\.isEmpty) }
+    var isEmptyListing: Bool {
+        hasFirstPage && nextCursor == nil && firstKeptPage == 0 && pages.allSatisfy(\.isEmpty)
+    }
 
     /// This listing with `page` appended, keeping at most `maxPages` pages (the most recent).
     func appending(_ page: AsyncPage<Item, Cursor>, maxPages: Int?) -> Self {

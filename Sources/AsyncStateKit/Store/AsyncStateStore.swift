@@ -24,7 +24,8 @@ enum OperationContext {
 /// job the clock already counts (the store's own tasks prefer the clock's executor).
 ///
 /// Lock order: this store's lock, then its ``SnapshotCell``'s (to publish or to announce a waiter),
-/// never the reverse.
+/// never the reverse. A paged state's activity lock comes between them: its `onStart` hook takes it
+/// under this lock, and its `activity` getter reads the cell under it.
 ///
 /// Lifetime: the store keeps an operation only inside the machine's flight, and its tasks only while
 /// that flight runs. Each task holds the store until it ends (so a state dropped mid-flight settles

@@ -70,8 +70,9 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         case always
         /// `run(every:)`: joins the flight in flight, otherwise starts one whatever the freshness.
         case joinOrStart
-        /// A paged state's `loadMore`: as ``joinOrStart``, but a flight it starts extends the data
-        /// without renewing its freshness (the list is as old as its first page).
+        /// A paged state's `loadMore`: as ``joinOrStart``, but a flight it starts on data it extends
+        /// leaves the data's freshness as it was, succeeding or failing (the list is as old as its
+        /// first page); an `ifExpired` fetch replaces such a flight instead of joining it.
         case append
         /// `value` with stale-while-revalidate: as ``ifExpired``, except that stale data is returned at
         /// once while a background flight refreshes it.
@@ -318,7 +319,9 @@ struct FetchStateMachine<Value: Sendable, Operation> {
             else { return .returnValue(value) }
             return .returnValueAndStart(value, attempt)
         }
-        if flight != nil, mode != .always {
+        // Expired data is not answered by an append in flight (it would extend the expired data): a
+        // fetch replaces it, as `refresh` would.
+        if let current = flight, mode != .always, !(mode == .ifExpired && current.keepsFreshness) {
             // In place: binding the flight to a local first would make this insert copy every
             // waiter (copy-on-write), which is quadratic for many joiners.
             mutateFlight { $0.waiters.insert(waiter) }
@@ -329,7 +332,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         guard
             let attempt = begin(
                 waiter: waiter, operation: operation, now: now, policy: policy, keepAlive: false,
-                keepsFreshness: mode == .append)
+                keepsFreshness: mode == .append && hasData)
         else { return .fail(AsyncStateError.tooManyAbandonedOperations(limit: AsyncStateLimits.abandonedOperations)) }
         return .start(attempt, replacing: replacing)
     }
@@ -565,9 +568,10 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         let current = flight!
         setFlight(nil)
         phase = .failure(error)
-        // A failed refresh ahead leaves the data fresh until its own expiry (unless invalidated).
-        if !current.refreshesAhead { freshSince = nil }
-        failedAt = configuration.failureExpiry > .zero ? now : nil
+        // A failed refresh ahead leaves the data fresh until its own expiry (unless invalidated); so
+        // does a failed append, which is not cached either: the list it would have extended stands.
+        if !current.refreshesAhead && !current.keepsFreshness { freshSince = nil }
+        failedAt = configuration.failureExpiry > .zero && !current.keepsFreshness ? now : nil
         return .settle(waiters: current.waiters, result: .failure(error))
     }
 
