@@ -65,11 +65,7 @@ actor FamilyOwner {
             await world.pass(1)  // it settles
             #expect(await world.eventually { script.calls == 2 }, comment)
         }
-        let callsBefore = script.calls
-        owner = nil
-        #expect(await world.eventually { freed.isSet }, comment)
-        await world.pass(5)
-        #expect(script.calls == callsBefore, "nothing calls the source once the owner is gone: \(comment)")
+        await expectReleased({ owner = nil }, freed: freed, script: script, world: world, comment: comment)
     }
 }
 

@@ -101,6 +101,18 @@ func exerciseCommonScenario(
     }
 }
 
+/// Lets go of an owner (`release`) and checks that it is freed, and that nothing calls the source
+/// afterwards.
+func expectReleased(
+    _ release: () -> Void, freed: DeinitFlag, script: LoadScript, world: World, comment: Comment
+) async {
+    let callsBefore = script.calls
+    release()
+    #expect(await world.eventually { freed.isSet }, comment)
+    await world.pass(5)
+    #expect(script.calls == callsBefore, "nothing calls the source once the owner is gone: \(comment)")
+}
+
 /// Records that an owner was deinitialized.
 final class DeinitFlag: Sendable {
     private let flag = LockedValue(false)

@@ -61,11 +61,7 @@ actor PagedOwner {
         case .afterWalk:
             #expect(try await owner!.walk() == 3, comment)
         }
-        let callsBefore = script.calls
-        owner = nil
-        #expect(await world.eventually { freed.isSet }, comment)
-        await world.pass(5)
-        #expect(script.calls == callsBefore, "nothing calls the source once the owner is gone: \(comment)")
+        await expectReleased({ owner = nil }, freed: freed, script: script, world: world, comment: comment)
     }
 }
 

@@ -51,6 +51,13 @@ final class Listing: Sendable {
     }
 }
 
+/// Reads `state`'s first page with `listing`'s one-second operation, moving `clock` past it.
+func readFirstPage(of state: AsyncPagedState<Int, Int>, from listing: Listing, on clock: VirtualClock) async throws {
+    let first = clock.task { try await state.items(listing.operation(on: clock)) }
+    await clock.advance(by: .seconds(1))
+    _ = try await first.value
+}
+
 @Suite struct PagingTests {
     @Test func firstPageThenMorePagesUntilTheEndOfTheListing() async throws {
         let clock = VirtualClock()
@@ -95,9 +102,7 @@ final class Listing: Sendable {
         let listing = Listing(count: 100)
         let state = AsyncPagedState<Int, Int>(clock: clock)
         let read = listing.operation(on: clock)
-        let first = clock.task { try await state.items(read) }
-        await clock.advance(by: .seconds(1))
-        _ = try await first.value
+        try await readFirstPage(of: state, from: listing, on: clock)
         let callers = (0..<10).map { _ in clock.task { try await state.loadMore(read) } }
         await clock.advance(by: .seconds(1))
         for caller in callers { #expect(try await caller.value.loadedPages == 2) }
@@ -109,9 +114,7 @@ final class Listing: Sendable {
         let listing = Listing(count: 30)
         let state = AsyncPagedState<Int, Int>(clock: clock)
         let read = listing.operation(on: clock)
-        let first = clock.task { try await state.items(read) }
-        await clock.advance(by: .seconds(1))
-        _ = try await first.value
+        try await readFirstPage(of: state, from: listing, on: clock)
 
         listing.fail(at: 10)
         let failing = clock.task { try await state.loadMore(read) }
@@ -134,9 +137,7 @@ final class Listing: Sendable {
         let listing = Listing(count: 30)
         let state = AsyncPagedState<Int, Int>(
             clock: clock, retry: RetryPolicy(maxAttempts: 2, backoff: .constant(.seconds(1))), timeout: .seconds(5))
-        let first = clock.task { try await state.items(listing.operation(on: clock)) }
-        await clock.advance(by: .seconds(1))
-        _ = try await first.value
+        try await readFirstPage(of: state, from: listing, on: clock)
 
         // The page fails once; the policy retries it a second later, when the source is back.
         listing.fail(at: 10)
@@ -232,9 +233,7 @@ final class Listing: Sendable {
         let clock = VirtualClock()
         let listing = Listing(count: 30)
         let state = AsyncPagedState<Int, Int>(clock: clock)
-        let first = clock.task { try await state.items(listing.operation(on: clock)) }
-        await clock.advance(by: .seconds(1))
-        _ = try await first.value
+        try await readFirstPage(of: state, from: listing, on: clock)
 
         // A page is being appended (2 s); a refresh starts 1 s in, after the source changed.
         let more = clock.task { try await state.loadMore(listing.operation(on: clock, delay: .seconds(2))) }
