@@ -455,6 +455,35 @@ public struct AsyncState<Value: Sendable>: Sendable {
         }
     }
 
+    // MARK: Warm restarts
+
+    /// The state's data saved for a warm restart (value, phase, date of its success); `nil` while it
+    /// has no value. A value kept through a later failure or during a fetch is saved too.
+    public var archive: AsyncStateArchive<Value>? {
+        store.archived.map {
+            AsyncStateArchive(value: $0.value, phase: $0.isEmpty ? .empty : .success, lastSuccess: $0.lastSuccess)
+        }
+    }
+
+    /// Loads data saved by ``archive`` (typically by the previous process), as stale data: served at
+    /// once under stale-while-revalidate, or under refresh ahead as due for its refresh (a hit
+    /// answers at once and starts one refetch); refetched before it is served otherwise.
+    ///
+    /// Only a state with no value and no fetch in flight takes it — data the state fetched or was
+    /// given since is newer — so restoring is safe at any moment.
+    ///
+    /// - Returns: Whether the archive was restored.
+    /// - Throws: ``AsyncStateArchiveError`` for an archive of an unknown format version or phase;
+    ///   the state is left as it was.
+    @discardableResult
+    public nonisolated(nonsending) func restore(_ archive: AsyncStateArchive<Value>)
+        async throws(AsyncStateArchiveError)
+        -> Bool
+    {
+        let archive = try archive.validated()
+        return store.restore(archive.value, isEmpty: archive.phase == .empty, lastSuccess: archive.lastSuccess)
+    }
+
     /// Marks the data expired: the next ``fetch(retry:_:)`` goes to the source. A fetch in flight still
     /// completes, but its result lands already expired.
     public nonisolated(nonsending) func invalidate() async {

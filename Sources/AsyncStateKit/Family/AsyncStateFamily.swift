@@ -1,3 +1,5 @@
+import Foundation
+
 /// A family of fetched values, one per key, each with the semantics of an ``AsyncState`` — in
 /// bounded memory.
 ///
@@ -397,6 +399,49 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     }
 
     // MARK: Changing one key
+
+    // MARK: Warm restarts
+
+    /// Every entry's data saved for a warm restart, by key (entries without a value are left out),
+    /// like ``AsyncState/archive``.
+    public var archive: [Key: AsyncStateArchive<Value>] {
+        var archives: [Key: AsyncStateArchive<Value>] = [:]
+        for node in core.entries {
+            let saved: (value: Value?, isEmpty: Bool, lastSuccess: Date?)?
+            switch node.entry {
+            case .compact(let settled):
+                saved = (settled.value, settled.phase.kind == .empty, settled.lastSuccess)
+            case .live(let store):
+                saved = store.archived
+            }
+            guard let saved, let value = saved.value else { continue }
+            archives[node.key] = AsyncStateArchive(
+                value: value, phase: saved.isEmpty ? .empty : .success, lastSuccess: saved.lastSuccess)
+        }
+        return archives
+    }
+
+    /// Loads data saved by ``archive`` as stale data, like ``AsyncState/restore(_:)``: a key that
+    /// already has a value or a fetch in flight keeps it. The family's capacity holds: restoring more
+    /// keys than it holds evicts as using them would.
+    ///
+    /// - Returns: How many keys were restored.
+    /// - Throws: ``AsyncStateArchiveError`` if any archive has an unknown format version or phase;
+    ///   then none is restored.
+    @discardableResult
+    public func restore(_ archives: [Key: AsyncStateArchive<Value>]) throws(AsyncStateArchiveError) -> Int {
+        var valid: [(Key, AsyncStateArchive<Value>)] = []
+        valid.reserveCapacity(archives.count)
+        for (key, archive) in archives { valid.append((key, try archive.validated())) }
+        var restored = 0
+        for (key, archive) in valid {
+            let done = core.usingNow(key) { store in
+                store.restore(archive.value, isEmpty: archive.phase == .empty, lastSuccess: archive.lastSuccess)
+            }
+            if done { restored += 1 }
+        }
+        return restored
+    }
 
     /// Writes `value` for `key`, fresh from now, like ``AsyncState/set(_:)`` (a fetch in flight for the
     /// key ends and its callers get `value`). Reports the value it replaced, if any, as

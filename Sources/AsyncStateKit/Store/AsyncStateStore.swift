@@ -1,3 +1,5 @@
+import Foundation
+
 /// The attempts the current task is running (directly, through nested states, or because it
 /// inherited the context of a task that does), so that the machine can refuse a call that would wait
 /// for its own result. Only an attempt that is still current counts, so a task an operation started
@@ -304,6 +306,22 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             publish(core.machine, at: now)
             end(ended, resumingWith: .success(value), in: &core, &effects)
         }
+    }
+
+    /// Restores saved data (see ``FetchStateMachine/restore(_:isEmpty:lastSuccess:now:date:)``).
+    func restore(_ value: Value, isEmpty: Bool, lastSuccess: Date?) -> Bool {
+        withCore { core, _ in
+            let now = clock.now()
+            guard core.machine.restore(value, isEmpty: isEmpty, lastSuccess: lastSuccess, now: now, date: clock.date())
+            else { return false }
+            publish(core.machine, at: now)
+            return true
+        }
+    }
+
+    /// What a warm restart saves (see ``FetchStateMachine/archived``).
+    var archived: (value: Value, isEmpty: Bool, lastSuccess: Date?)? {
+        core.withLock { $0.machine.archived }
     }
 
     func reset() {

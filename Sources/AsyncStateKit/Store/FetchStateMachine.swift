@@ -401,6 +401,28 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         return ended
     }
 
+    /// A warm restart: `newValue`, saved by an earlier process, as data that is not fresh — expired,
+    /// or with refresh ahead, due for its refresh (a hit answers at once and starts it). Only into a
+    /// state with no data and no flight (anything newer wins); returns whether it was restored.
+    /// Publish if so.
+    mutating func restore(_ newValue: Value, isEmpty: Bool, lastSuccess: Date?, now: Duration, date: Date) -> Bool {
+        guard !hasData, flight == nil, abandoned.isEmpty else { return false }
+        value = newValue
+        hasData = true
+        phase = isEmpty ? .empty : .success(lastSuccess ?? date)
+        self.lastSuccess = lastSuccess
+        freshSince = configuration.refreshAfter.map { now.saturatingAdd(.zero - $0) }
+        failedAt = nil
+        failureCount = 0
+        return true
+    }
+
+    /// What a warm restart saves: the data, whether it is empty and when it last succeeded; `nil`
+    /// without data.
+    var archived: (value: Value, isEmpty: Bool, lastSuccess: Date?)? {
+        hasData ? (value, configuration.isEmpty(value), lastSuccess) : nil
+    }
+
     /// `reset()`: back to the initial value and phase, forgetting the metadata. The flight in flight
     /// ends and its waiters get `CancellationError`. Returns whether anything a reader can see changed
     /// (publish then): a reset of a state that is already initial changes nothing.
