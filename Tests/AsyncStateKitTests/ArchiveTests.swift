@@ -257,6 +257,7 @@ import Testing
                 ofItemAtPath: directory.appendingPathComponent(name).path)
         }
         try file.save(Payload(generation: 0, text: ""))
-        #expect(try FileManager.default.contentsOfDirectory(atPath: directory.path) == ["states.json"])
+        let left = try FileManager.default.contentsOfDirectory(atPath: directory.path)
+        #expect(left == ["states.json"], "backdated \(temporaries)")
     }
 }

@@ -100,11 +100,14 @@ public struct AsyncStateArchiveFile: Sendable {
         let data = try encoder.encode(Saving(version: Self.formatVersion, contents: contents))
         let temporary = url.deletingLastPathComponent()
             .appendingPathComponent(".\(url.lastPathComponent).\(UUID().uuidString).tmp")
-        guard FileManager.default.createFile(atPath: temporary.path, contents: nil) else {
-            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: temporary.path])
+        // open(2) rather than FileManager.createFile, which itself writes through a temporary file
+        // of its own that a killed process would leave behind.
+        let descriptor = open(temporary.path, O_WRONLY | O_CREAT | O_EXCL, 0o644)
+        guard descriptor >= 0 else {
+            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: temporary.path, "errno": errno])
         }
         do {
-            let handle = try FileHandle(forWritingTo: temporary)
+            let handle = FileHandle(fileDescriptor: descriptor, closeOnDealloc: true)
             defer { try? handle.close() }
             try handle.write(contentsOf: data)
             try handle.synchronize()

@@ -1,0 +1,164 @@
+import AsyncStateKit
+import AsyncStateTesting
+import Foundation
+import Testing
+
+/// Whether `condition` becomes true while other tasks run (checked between yields, up to a bound):
+/// for deliveries that travel through `AsyncStream`s, out of the virtual clock's sight.
+func soon(_ condition: () -> Bool) async -> Bool {
+    for _ in 0..<1_000_000 {
+        if condition() { return true }
+        await Task.yield()
+    }
+    return condition()
+}
+
+/// One replica of a service: its own state over a shared source, its own invalidator and bus.
+struct Replica {
+    let bus: InMemoryInvalidationNetwork.Bus
+    let invalidator: AsyncStateInvalidator
+    let config: AsyncState<Int>
+    let profiles: AsyncStateFamily<Int, String>
+    let runner: Task<Void, Never>
+
+    init(network: InMemoryInvalidationNetwork, clock: VirtualClock) async {
+        bus = network.bus()
+        invalidator = AsyncStateInvalidator(bus: bus)
+        config = AsyncState(wrappedValue: 0, expiry: .seconds(3600), clock: clock)
+        profiles = AsyncStateFamily(expiry: .seconds(3600), clock: clock)
+        invalidator.subscribe(config, to: "config")
+        invalidator.subscribe(profiles, to: "profiles")
+        let invalidator = invalidator
+        runner = Task { await invalidator.run() }
+        _ = await soon { bus.listenerCount == 1 }
+    }
+}
+
+@Suite struct InvalidationTests {
+    @Test func aChangeThroughOneReplicaIsRefetchedByEveryReplica() async throws {
+        let clock = VirtualClock()
+        let network = InMemoryInvalidationNetwork()
+        let database = LockedValue(1)
+        let calls = LockedValue(0)
+        let load: @Sendable () async throws -> Int = {
+            calls.withLock { $0 += 1 }
+            return database.withLock { $0 }
+        }
+        var replicas: [Replica] = []
+        for _ in 0..<3 { replicas.append(await Replica(network: network, clock: clock)) }
+        for replica in replicas { #expect(try await replica.config.value(load) == 1) }
+
+        database.withLock { $0 = 2 }
+        try await replicas[0].invalidator.invalidate("config")
+        #expect(replicas[0].config.snapshot.isExpired)  // at once on the writer
+        #expect(await soon { replicas.allSatisfy { $0.config.snapshot.isExpired } })
+        for replica in replicas { #expect(try await replica.config.value(load) == 2) }
+        #expect(calls.withLock { $0 } == 6)
+        for replica in replicas { replica.runner.cancel() }
+    }
+
+    @Test func aMessageDeliveredTwiceInvalidatesOnceAsMuch() async throws {
+        let clock = VirtualClock()
+        let network = InMemoryInvalidationNetwork()
+        network.duplicatesDeliveries = true
+        let (a, b) = (await Replica(network: network, clock: clock), await Replica(network: network, clock: clock))
+        let calls = LockedValue(0)
+        let load: @Sendable () async throws -> Int = {
+            calls.withLock { count in
+                count += 1
+                return count
+            }
+        }
+        _ = try await b.config.value(load)
+        try await a.invalidator.invalidate("config")
+        #expect(await soon { b.invalidator.deliveriesApplied == 2 })
+        _ = try await b.config.value(load)
+        _ = try await b.config.value(load)
+        #expect(calls.withLock { $0 } == 2)  // one refetch
+        a.runner.cancel()
+        b.runner.cancel()
+    }
+
+    @Test func aReconnectInvalidatesEverySubscribedStateBecauseMessagesMayHaveBeenLost() async throws {
+        let clock = VirtualClock()
+        let network = InMemoryInvalidationNetwork()
+        let (a, b) = (await Replica(network: network, clock: clock), await Replica(network: network, clock: clock))
+        _ = try await b.config.value { 1 }
+        _ = try await b.profiles.value(for: 7) { "user \($0)" }
+        b.bus.disconnect()
+        try await a.invalidator.invalidate("config")
+        #expect(b.bus.counts.lost == 1)
+        #expect(!b.config.snapshot.isExpired)  // the message was lost: served until the reconnect
+        b.bus.reconnect()
+        #expect(await soon { b.config.snapshot.isExpired && b.profiles.snapshot(for: 7)?.isExpired == true })
+        // A disconnected replica cannot publish, but its own states are invalidated anyway.
+        b.bus.disconnect()
+        _ = try await b.config.value { 2 }
+        await #expect(throws: InMemoryInvalidationNetwork.Disconnected.self) {
+            try await b.invalidator.invalidate("config")
+        }
+        #expect(b.config.snapshot.isExpired)
+        a.runner.cancel()
+        b.runner.cancel()
+    }
+
+    @Test func aFamilyKeyIsInvalidatedAloneAndATopicWithoutKeyInvalidatesEveryEntry() async throws {
+        let clock = VirtualClock()
+        let network = InMemoryInvalidationNetwork()
+        let (a, b) = (await Replica(network: network, clock: clock), await Replica(network: network, clock: clock))
+        for id in 1...3 { _ = try await b.profiles.value(for: id) { "user \($0)" } }
+        try await a.invalidator.invalidate("profiles", key: "2")
+        #expect(await soon { b.profiles.snapshot(for: 2)?.isExpired == true })
+        #expect(b.profiles.snapshot(for: 1)?.isExpired == false)
+        try await a.invalidator.invalidate("profiles", key: "not a number")  // parses to no key
+        try await a.invalidator.invalidate("profiles")
+        #expect(await soon { (1...3).allSatisfy { b.profiles.snapshot(for: $0)?.isExpired == true } })
+        a.runner.cancel()
+        b.runner.cancel()
+    }
+
+    @Test func aKeyThatIsNotLosslessStringConvertibleIsFoundByItsDescription() async throws {
+        struct Tenant: Hashable, Sendable, CustomStringConvertible {
+            var id: Int
+            var description: String { "tenant-\(id)" }
+        }
+        let clock = VirtualClock()
+        let invalidator = AsyncStateInvalidator(bus: InMemoryInvalidationNetwork().bus())
+        let tenants = AsyncStateFamily<Tenant, Int>(clock: clock)
+        invalidator.subscribe(tenants, to: "tenants")
+        for id in 1...2 { _ = try await tenants.value(for: Tenant(id: id)) { $0.id } }
+        invalidator.apply(.invalidate(AsyncStateInvalidation(topic: "tenants", key: "tenant-2")))
+        #expect(tenants.snapshot(for: Tenant(id: 2))?.isExpired == true)
+        #expect(tenants.snapshot(for: Tenant(id: 1))?.isExpired == false)
+    }
+
+    @Test func subscriptionsDoNotKeepTheirStatesAlive() async throws {
+        let invalidator = AsyncStateInvalidator(bus: InMemoryInvalidationNetwork().bus())
+        var state: AsyncState<Int>? = AsyncState(wrappedValue: 0, clock: VirtualClock())
+        var family: AsyncStateFamily<Int, Int>? = AsyncStateFamily(clock: VirtualClock())
+        invalidator.subscribe(state!, to: "config")
+        invalidator.subscribe(family!, to: "numbers")
+        #expect(invalidator.subscriberCount("config") == 1 && invalidator.subscriberCount("numbers") == 1)
+        state = nil
+        family = nil
+        #expect(invalidator.subscriberCount("config") == 0 && invalidator.subscriberCount("numbers") == 0)
+        invalidator.apply(.reconnected)  // nothing to invalidate, nothing breaks
+    }
+
+    @Test func runEndsWhenTheBusShutsDown() async throws {
+        let bus = InMemoryInvalidationNetwork().bus()
+        let invalidator = AsyncStateInvalidator(bus: bus)
+        let runner = Task { await invalidator.run() }
+        #expect(await soon { bus.listenerCount == 1 })
+        bus.shutDown()
+        await runner.value
+        #expect(bus.listenerCount == 0)
+    }
+
+    @Test func anInvalidationIsCodableAndDescribesItself() throws {
+        let message = AsyncStateInvalidation(topic: "profiles", key: "7")
+        let decoded = try JSONDecoder().decode(AsyncStateInvalidation.self, from: JSONEncoder().encode(message))
+        #expect(decoded == message)
+        #expect("\(message)" == "profiles/7" && "\(AsyncStateInvalidation(topic: "config"))" == "config")
+    }
+}
