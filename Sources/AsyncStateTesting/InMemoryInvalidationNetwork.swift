@@ -10,7 +10,7 @@ import Synchronization
 /// ```
 ///
 /// It can misbehave the way real buses do: ``Bus/disconnect()`` loses the messages meant for a
-/// replica until ``Bus/reconnect()`` (which delivers ``AsyncStateInvalidationDelivery/reconnected``),
+/// replica until ``Bus/reconnect()`` (which delivers `.reconnected`),
 /// and ``duplicatesDeliveries`` delivers every message twice (at-least-once delivery).
 public final class InMemoryInvalidationNetwork: Sendable {
     /// The replicas' connections, held weakly: a bus holds its network, not the reverse.
@@ -90,7 +90,7 @@ public final class InMemoryInvalidationNetwork: Sendable {
             state.withLock { $0.connected = false }
         }
 
-        /// Connects again and delivers ``AsyncStateInvalidationDelivery/reconnected``.
+        /// Connects again and delivers `.reconnected`.
         public func reconnect() {
             state.withLock { $0.connected = true }
             deliver(.reconnected, evenIfDisconnected: true)

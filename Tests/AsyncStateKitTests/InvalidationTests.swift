@@ -162,3 +162,32 @@ struct Replica {
         #expect("\(message)" == "profiles/7" && "\(AsyncStateInvalidation(topic: "config"))" == "config")
     }
 }
+
+/// The README's and the article's replicas example, run: two replicas, a change, a restart.
+@Test func theTenantServiceExampleAgreesAcrossReplicasAndStartsWarm() async throws {
+    let network = InMemoryInvalidationNetwork()
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tenants-\(UUID().uuidString)")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let file = AsyncStateArchiveFile(url: directory.appendingPathComponent("states.json"))
+    let busB = network.bus()
+    let (a, b) = (TenantService(bus: network.bus(), file: file), TenantService(bus: busB, file: file))
+    let runner = Task { await b.invalidator.run() }
+    #expect(await soon { busB.listenerCount == 1 })
+    let plan = LockedValue("free")
+    let load: @Sendable (String) async throws -> TenantConfig = { TenantConfig(tenant: $0, plan: plan.withLock { $0 }) }
+    #expect(try await b.tenants.value(for: "acme", load).plan == "free")
+
+    plan.withLock { $0 = "pro" }
+    try await a.tenantChanged("acme")
+    #expect(await soon { b.tenants.snapshot(for: "acme")?.isExpired == true })
+    runner.cancel()
+
+    // b saves on shutdown; the next process starts warm: the saved value at once (stale), refetched.
+    try b.save()
+    let restarted = TenantService(bus: network.bus(), file: file)
+    try restarted.warmUp()
+    #expect(restarted.tenants["acme"]?.plan == "free")
+    #expect(try await restarted.tenants.value(for: "acme", load).plan == "free")  // stale, at once
+    #expect(await soon { restarted.tenants["acme"]?.plan == "pro" })
+}

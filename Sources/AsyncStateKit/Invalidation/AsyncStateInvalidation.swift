@@ -30,7 +30,7 @@ public enum AsyncStateInvalidationDelivery: Sendable, Hashable {
 }
 
 /// Carries invalidations between the replicas of a service: PostgreSQL's LISTEN/NOTIFY, a Redis
-/// channel, or ``InMemoryInvalidationNetwork`` in tests. A bus is this library's only seam to them;
+/// channel, or `InMemoryInvalidationNetwork` (in AsyncStateTesting) in tests. A bus is this library's only seam to them;
 /// ``AsyncStateInvalidator`` does the rest.
 ///
 /// A bus delivers at least once what other replicas publish (a replica does not need its own

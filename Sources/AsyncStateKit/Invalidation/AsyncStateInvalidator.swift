@@ -43,11 +43,13 @@ public final class AsyncStateInvalidator: Sendable {
     /// Subscribes `state` to `topic`: a message about the topic (with or without a key) invalidates it.
     public func subscribe<Value>(_ state: AsyncState<Value>, to topic: String) {
         let store = WeakBox(state.store)
-        add(topic, isAlive: { store.value != nil }) { _ in
-            guard let store = store.value else { return false }
-            store.invalidate()
-            return true
-        }
+        add(
+            topic, isAlive: { store.value != nil },
+            invalidate: { _ in
+                guard let store = store.value else { return false }
+                store.invalidate()
+                return true
+            })
     }
 
     /// Subscribes `family` to `topic`: a message with a key invalidates the entry whose key
@@ -70,15 +72,17 @@ public final class AsyncStateInvalidator: Sendable {
         parse: @escaping @Sendable (String, FamilyCore<Key, Value>) -> Key?
     ) {
         let core = WeakBox(family.core)
-        add(topic, isAlive: { core.value != nil }) { key in
-            guard let core = core.value else { return false }
-            if let key {
-                if let parsed = parse(key, core) { core.invalidate(parsed) }
-            } else {
-                for node in core.entries { core.invalidate(node.key) }
-            }
-            return true
-        }
+        add(
+            topic, isAlive: { core.value != nil },
+            invalidate: { key in
+                guard let core = core.value else { return false }
+                if let key {
+                    if let parsed = parse(key, core) { core.invalidate(parsed) }
+                } else {
+                    for node in core.entries { core.invalidate(node.key) }
+                }
+                return true
+            })
     }
 
     /// Invalidates `topic` (or one `key` of it) here at once, then publishes it to the other
@@ -124,7 +128,7 @@ public final class AsyncStateInvalidator: Sendable {
     }
 
     private func add(
-        _ topic: String, isAlive: @escaping @Sendable () -> Bool, _ invalidate: @escaping @Sendable (String?) -> Bool
+        _ topic: String, isAlive: @escaping @Sendable () -> Bool, invalidate: @escaping @Sendable (String?) -> Bool
     ) {
         prune()
         subscriptions.withLock {
