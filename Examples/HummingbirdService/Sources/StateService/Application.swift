@@ -45,6 +45,11 @@ public func buildApplication(
     Application(
         router: buildRouter(catalog: catalog, settings: settings, registry: registry, now: now),
         configuration: .init(address: .hostname(settings.host, port: settings.port), serverName: "state-service"),
-        services: [RefreshService(catalog: catalog, interval: settings.configRefreshInterval, logger: logger)],
+        services: [
+            RefreshService(
+                catalog: catalog, interval: settings.configRefreshInterval,
+                stateFile: settings.stateFile.map { AsyncStateArchiveFile(url: URL(fileURLWithPath: $0)) },
+                logger: logger)
+        ],
         logger: logger)
 }

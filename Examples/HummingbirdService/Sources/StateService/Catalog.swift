@@ -54,6 +54,40 @@ public final class Catalog: Sendable {
     /// `/ready` reports.
     public var isReady: Bool { config.snapshot.hasValue }
 
+    // MARK: Warm restarts
+
+    /// What the service saves on shutdown and loads at start.
+    public struct Saved: Codable, Sendable {
+        public var config: AsyncStateArchive<ServiceConfig>?
+        public var rates: AsyncStateArchive<Rates>?
+        public var profiles: [Int: AsyncStateArchive<Profile>]
+    }
+
+    /// The states' data, for ``save(to:)``.
+    public var saved: Saved {
+        Saved(config: config.archive, rates: rates.archive, profiles: profiles.archive)
+    }
+
+    /// Saves the states' data to `file` (atomically: a crash mid-save leaves the previous file).
+    public func save(to file: AsyncStateArchiveFile) throws {
+        try file.save(saved)
+    }
+
+    /// Loads what ``save(to:)`` saved, as stale data: the configuration is due for its refresh
+    /// ahead, the rates are served stale while they refetch, profiles are refetched ahead too.
+    ///
+    /// - Returns: How many states and profiles were restored; 0 without a file.
+    /// - Throws: ``AsyncStateArchiveError`` for a file that cannot be used (start cold then).
+    @discardableResult
+    public func restore(from file: AsyncStateArchiveFile) async throws -> Int {
+        guard let saved = try file.load(Saved.self) else { return 0 }
+        var restored = 0
+        if let archive = saved.config, try await config.restore(archive) { restored += 1 }
+        if let archive = saved.rates, try await rates.restore(archive) { restored += 1 }
+        restored += try profiles.restore(saved.profiles)
+        return restored
+    }
+
     // The operations: each fetch goes through the states, never straight to the upstream.
 
     func configSnapshot() async throws -> AsyncSnapshot<ServiceConfig> {

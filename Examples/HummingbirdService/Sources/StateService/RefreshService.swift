@@ -5,19 +5,30 @@ import ServiceLifecycle
 /// The states' background work, owned by the service group: it warms the states up at start and
 /// keeps the critical configuration refreshed. On graceful shutdown (SIGTERM) its task is cancelled:
 /// `run(every:)` returns, a fetch nobody else waits for is cancelled, and `run()` returns — nothing
-/// refreshes after the server stops.
+/// refreshes after the server stops. With a `stateFile`, it loads the states' data from it before
+/// anything else (a warm restart) and saves it there when it stops.
 public struct RefreshService: Service {
     let catalog: Catalog
     let interval: Duration
+    let stateFile: AsyncStateArchiveFile?
     let logger: Logger
 
-    public init(catalog: Catalog, interval: Duration, logger: Logger) {
+    public init(catalog: Catalog, interval: Duration, stateFile: AsyncStateArchiveFile? = nil, logger: Logger) {
         self.catalog = catalog
         self.interval = interval
+        self.stateFile = stateFile
         self.logger = logger
     }
 
     public func run() async throws {
+        if let stateFile {
+            do {
+                let restored = try await catalog.restore(from: stateFile)
+                logger.info("warm start", metadata: ["restored": "\(restored)", "file": "\(stateFile.url.path)"])
+            } catch {
+                logger.error("cold start: the state file cannot be used", metadata: ["error": "\(error)"])
+            }
+        }
         let (catalog, interval) = (catalog, interval)
         try await cancelWhenGracefulShutdown {
             try await withThrowingDiscardingTaskGroup { group in
@@ -33,5 +44,13 @@ public struct RefreshService: Service {
             }
         }
         logger.info("state refreshes stopped")
+        if let stateFile {
+            do {
+                try catalog.save(to: stateFile)
+                logger.info("states saved", metadata: ["file": "\(stateFile.url.path)"])
+            } catch {
+                logger.error("could not save the states", metadata: ["error": "\(error)"])
+            }
+        }
     }
 }

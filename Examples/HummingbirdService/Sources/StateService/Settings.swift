@@ -20,6 +20,7 @@ import Logging
 /// | `FETCH_TIMEOUT` | 2 | Longest an attempt may take. |
 /// | `FAILURE_EXPIRY` | 1 | How long a failure is answered without asking the upstream again (`Retry-After`). |
 /// | `UPSTREAM_LATENCY` | 0.02 | How long the simulated upstream takes per call. |
+/// | `STATE_FILE` | (none) | Where the states are saved on shutdown and loaded from at start (warm restarts). |
 public struct Settings: Sendable, Equatable {
     public var host = "127.0.0.1"
     public var port = 8080
@@ -35,6 +36,7 @@ public struct Settings: Sendable, Equatable {
     public var fetchTimeout = Duration.seconds(2)
     public var failureExpiry = Duration.seconds(1)
     public var upstreamLatency = Duration.milliseconds(20)
+    public var stateFile: String?
 
     /// The defaults.
     public init() {}
@@ -63,6 +65,7 @@ public struct Settings: Sendable, Equatable {
         fetchTimeout = try read.seconds("FETCH_TIMEOUT") ?? fetchTimeout
         failureExpiry = try read.seconds("FAILURE_EXPIRY", allowingZero: true) ?? failureExpiry
         upstreamLatency = try read.seconds("UPSTREAM_LATENCY", allowingZero: true) ?? upstreamLatency
+        stateFile = read.string("STATE_FILE")
     }
 }
 

@@ -1,5 +1,6 @@
 import AsyncStateKit
 import AsyncStateTesting
+import Foundation
 import Hummingbird
 import HummingbirdTesting
 import Logging
@@ -55,5 +56,56 @@ import Testing
         #expect(fixture.catalog.config.phase.kind == .initial)  // cancelled: back where it was
         #expect(!fixture.catalog.isReady)
         #expect(clock.pendingSleepers == 0)
+    }
+}
+
+@Suite(.timeLimit(.minutes(1))) struct WarmRestartTests {
+    @Test func theStatesAreSavedOnShutdownAndTheNextProcessStartsWarm() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("service-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("states.json").path
+
+        // The first process: warms up from the upstream, serves a profile, shuts down gracefully.
+        let first = Fixture(latency: .seconds(1)) { $0.stateFile = path }
+        try await first.service().test(.router) { client async throws in
+            await first.clock.waitForSleepers(2)
+            await first.clock.advance(by: .seconds(1))
+            #expect(await eventually { first.catalog.isReady })
+            async let profile = client.get("/users/5")
+            await first.clock.waitForSleepers(2)  // the profile's fetch and the refresh loop
+            await first.clock.advance(by: .seconds(1))
+            #expect(try await profile.status == .ok)
+        }
+        let saved = try #require(try AsyncStateArchiveFile(url: URL(fileURLWithPath: path)).load(Catalog.Saved.self))
+        #expect(saved.config?.value.version == 1)
+        #expect(saved.profiles.keys.sorted() == [5])
+
+        // The next process: ready at once, serving the saved data while it refetches.
+        let second = Fixture(latency: .seconds(1)) { $0.stateFile = path }
+        try await second.service().test(.router) { client async throws in
+            #expect(await eventually { second.catalog.isReady })
+            #expect(second.upstream.calls("config") <= 1)
+            let config = try await client.get("/config")
+            #expect(config.status == .ok)
+            #expect(config.text.contains("\"version\":1"))
+            let profile = try await client.get("/users/5")
+            #expect(profile.status == .ok && profile.text.contains("user 5"))
+            #expect(second.upstream.calls("profile") <= 1)  // served at once; refreshed ahead
+        }
+    }
+
+    @Test func aStateFileThatCannotBeUsedIsAColdStart() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("service-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("states.json").path
+        try Data("{ torn".utf8).write(to: URL(fileURLWithPath: path))
+        let fixture = Fixture { $0.stateFile = path }
+        try await fixture.service().test(.router) { client async throws in
+            #expect(await eventually { fixture.catalog.isReady })  // fetched, not restored
+            #expect(try await client.get("/config").status == .ok)
+            #expect(fixture.upstream.calls("config") == 1)
+        }
     }
 }
