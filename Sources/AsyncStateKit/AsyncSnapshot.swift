@@ -16,6 +16,10 @@ public struct AsyncSnapshot<Value: Sendable>: Sendable {
     /// Expiry is lazy — nothing runs when data goes stale — so a snapshot is not re-sent when its data
     /// merely ages past the expiry; ``AsyncState/hasExpired(in:)`` answers for now.
     public var isExpired: Bool
+    /// Whether ``value`` came from a fetch or a `set` (it may have expired since), rather than being the
+    /// state's initial value: `false` when the state was never fetched or was reset. (Declared here,
+    /// beside ``isExpired``, so that it fits in the padding after it: a state holds a snapshot.)
+    public var hasValue: Bool
     /// Failed attempts of the current fetch (or of the last one, if none is in flight); zero after a
     /// success and when a fetch starts.
     public var failureCount: Int
@@ -25,9 +29,6 @@ public struct AsyncSnapshot<Value: Sendable>: Sendable {
     public var lastSuccess: Date?
     /// How many fetches have succeeded since the state was created (or reset).
     public var successCount: Int
-    /// Whether ``value`` came from a fetch or a `set` (it may have expired since), rather than being the
-    /// state's initial value: `false` when the state was never fetched or was reset.
-    public var hasValue: Bool
 
     /// Creates a snapshot; each argument sets the property of the same name. A `hasValue` of `nil`
     /// (the default) is derived: `true` if the phase is a success (or `empty`) or there was a success

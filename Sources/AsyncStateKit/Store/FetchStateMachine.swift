@@ -175,6 +175,9 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     private(set) var hasData = false
     /// The flight in flight, if any.
     var flight: Flight? { flightBox?.flight }
+    /// Whether the flight in flight keeps the data's freshness: read through the box, so that no copy
+    /// of the flight (and of its waiter set) is made on the join path.
+    private var flightKeepsFreshness: Bool { flightBox?.flight.keepsFreshness ?? false }
     /// Where the flight lives: boxed, so that an idle state does not carry it inline. Copied on write
     /// (``mutateFlight(_:)``), so the machine keeps value semantics.
     private var flightBox: FlightBox?
@@ -321,7 +324,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         }
         // Expired data is not answered by an append in flight (it would extend the expired data): a
         // fetch replaces it, as `refresh` would.
-        if let current = flight, mode != .always, !(mode == .ifExpired && current.keepsFreshness) {
+        if flight != nil, mode != .always, !(mode == .ifExpired && flightKeepsFreshness) {
             // In place: binding the flight to a local first would make this insert copy every
             // waiter (copy-on-write), which is quadratic for many joiners.
             mutateFlight { $0.waiters.insert(waiter) }

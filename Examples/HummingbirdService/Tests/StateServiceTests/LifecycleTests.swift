@@ -50,9 +50,10 @@ import Testing
         await clock.waitForSleepers(2)  // the configuration and the rates, each 10 s away
         await group.triggerGracefulShutdown()
         try await running.value
-        // The operations were cancelled; each notices on its own thread, a moment later.
-        #expect(await eventually { upstream.cancellations("config") == 1 })
-        #expect(await eventually { upstream.cancellations("rates") == 1 })
+        // The operations were cancelled; each notices in its own task (which runs on the clock's
+        // executor), a moment later.
+        #expect(await eventually(settling: clock) { upstream.cancellations("config") == 1 })
+        #expect(await eventually(settling: clock) { upstream.cancellations("rates") == 1 })
         #expect(fixture.catalog.config.phase.kind == .initial)  // cancelled: back where it was
         #expect(!fixture.catalog.isReady)
         #expect(clock.pendingSleepers == 0)
@@ -72,10 +73,20 @@ import Testing
             await first.clock.waitForSleepers(2)
             await first.clock.advance(by: .seconds(1))
             #expect(await eventually { first.catalog.isReady })
-            async let profile = client.get("/users/5")
-            await first.clock.waitForSleepers(2)  // the profile's fetch and the refresh loop
-            await first.clock.advance(by: .seconds(1))
-            #expect(try await profile.status == .ok)
+            // The handler runs out of the clock's sight, beside other sleepers (the refresh loop, the
+            // family's idle sweeper): move time in steps until it has its answer.
+            let profile = Task { try await client.get("/users/5") }
+            let answered = LockedBox(false)
+            let watcher = Task {
+                _ = try? await profile.value
+                answered.set(true)
+            }
+            for _ in 0..<100 where !answered.value {
+                await first.clock.advance(by: .milliseconds(100))
+                _ = await eventually(yields: 10_000) { answered.value }
+            }
+            await watcher.value
+            #expect(try await profile.value.status == .ok)
         }
         let saved = try #require(try AsyncStateArchiveFile(url: URL(fileURLWithPath: path)).load(Catalog.Saved.self))
         #expect(saved.config?.value.version == 1)
@@ -84,7 +95,8 @@ import Testing
         // The next process: ready at once, serving the saved data while it refetches.
         let second = Fixture(latency: .seconds(1)) { $0.stateFile = path }
         try await second.service().test(.router) { client async throws in
-            #expect(await eventually { second.catalog.isReady })
+            // Restored before the refresh loop starts (the profiles last).
+            #expect(await eventually { second.catalog.isReady && second.catalog.profiles[5] != nil })
             #expect(second.upstream.calls("config") <= 1)
             let config = try await client.get("/config")
             #expect(config.status == .ok)

@@ -126,10 +126,29 @@ extension TestResponse {
 
 /// Whether `condition` becomes true while other tasks run (it is checked between yields, up to a
 /// bound): for effects that happen on threads the virtual clock does not watch. No real time passes.
-func eventually(_ condition: () -> Bool) async -> Bool {
-    for _ in 0..<1_000_000 {
+func eventually(yields: Int = 1_000_000, _ condition: () -> Bool) async -> Bool {
+    for _ in 0..<yields {
         if condition() { return true }
         await Task.yield()
     }
     return condition()
+}
+
+/// As ``eventually(yields:_:)``, letting `clock`'s work settle between checks (for tasks that run on
+/// its executor).
+func eventually(settling clock: VirtualClock, _ condition: () -> Bool) async -> Bool {
+    for _ in 0..<10_000 {
+        if condition() { return true }
+        await clock.settle()
+        await Task.yield()
+    }
+    return condition()
+}
+
+/// A value shared between tasks.
+final class LockedBox<Value: Sendable>: Sendable {
+    private let storage: Mutex<Value>
+    init(_ value: Value) { storage = Mutex(value) }
+    var value: Value { storage.withLock { $0 } }
+    func set(_ value: Value) { storage.withLock { $0 = value } }
 }
