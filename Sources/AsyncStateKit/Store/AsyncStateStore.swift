@@ -49,8 +49,9 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// How `value` (and `snapshot(retry:_:)`) fetch: serving stale data at once under
     /// stale-while-revalidate, else only fresh data.
     var servingMode: Machine.FetchMode { staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired }
-    /// The observer and what the state reports as; `nil` without an observer.
-    let observation: Observation?
+    /// The observer and what the state reports as; `nil` without an observer. Kept in ``events``
+    /// only: a state without an observer pays one reference for the feature, not the observation.
+    var observation: Observation? { events?.observation }
     /// Whether there is an observer: all the hit path reads without one.
     @usableFromInline let isObserved: Bool
     /// Delivers the observer's events in order (`nil` without an observer).
@@ -139,7 +140,6 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
 
     /// Creates a store around `machine` (its cell starts at the machine's initial value).
     private init(_ machine: Machine, clock: StoreClock, observation: Observation?) {
-        self.observation = observation
         isObserved = observation != nil
         events = observation.map(EventQueue.init)
         self.clock = clock
