@@ -191,3 +191,35 @@ struct Replica {
     #expect(try await restarted.tenants.value(for: "acme", load).plan == "free")  // stale, at once
     #expect(await soon { restarted.tenants["acme"]?.plan == "pro" })
 }
+
+/// What a bus sends: a payload that round-trips, and anything else refused with a clear error.
+@Suite struct InvalidationPayloadTests {
+    @Test func aMessageRoundTripsThroughItsPayload() throws {
+        for message in [
+            AsyncStateInvalidation(topic: "config"), AsyncStateInvalidation(topic: "tenants", key: "acme \"co\" / ü"),
+        ] {
+            #expect(try AsyncStateInvalidation(payload: message.payload()) == message)
+        }
+        #expect(try AsyncStateInvalidation(topic: "config", key: "7").payload() == #"{"key":"7","topic":"config"}"#)
+    }
+
+    @Test(arguments: [
+        "", "null", "42", "[]", "{}", #"{"topic":""}"#, #"{"topic":7}"#, #"{"key":"1"}"#, "{\"topic\":\"con",
+        "\u{0}\u{1}\u{2}", String(repeating: "x", count: 100),
+    ])
+    func aMalformedPayloadIsRefused(payload: String) {
+        #expect(throws: AsyncStateInvalidation.PayloadError.self) { try AsyncStateInvalidation(payload: payload) }
+    }
+
+    @Test func anOversizedPayloadIsRefusedBothWays() {
+        let long = String(repeating: "k", count: AsyncStateInvalidation.maximumPayloadBytes)
+        let envelope = #"{"key":"","topic":"t"}"#.utf8.count
+        #expect(throws: AsyncStateInvalidation.PayloadError.tooLong(bytes: long.utf8.count + envelope)) {
+            try AsyncStateInvalidation(topic: "t", key: long).payload()
+        }
+        let payload = #"{"topic":"t","key":""# + long + #""}"#
+        #expect(throws: AsyncStateInvalidation.PayloadError.tooLong(bytes: payload.utf8.count)) {
+            try AsyncStateInvalidation(payload: payload)
+        }
+    }
+}

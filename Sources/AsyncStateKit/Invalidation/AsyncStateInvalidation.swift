@@ -1,3 +1,5 @@
+import Foundation
+
 /// A message that data changed at its source: everything under `topic`, or one `key` of it.
 ///
 /// Replicas of a service send these to each other through an ``AsyncStateInvalidationBus`` so that a
@@ -18,6 +20,60 @@ public struct AsyncStateInvalidation: Sendable, Hashable, Codable, CustomStringC
 
     /// `topic` or `topic/key`.
     public var description: String { key.map { "\(topic)/\($0)" } ?? topic }
+}
+
+extension AsyncStateInvalidation {
+    /// The longest payload ``payload()`` writes and ``init(payload:)`` reads, in UTF-8 bytes: under
+    /// PostgreSQL's 8,000-byte `NOTIFY` limit, and short enough for any pub/sub channel.
+    public static var maximumPayloadBytes: Int { 7_900 }
+
+    /// This message as a bus payload: compact JSON (`{"topic":"…","key":"…"}`).
+    ///
+    /// - Throws: ``PayloadError/tooLong(bytes:)`` when the topic and key are too long to send.
+    public func payload() throws(PayloadError) -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        guard let data = try? encoder.encode(self), let text = String(data: data, encoding: .utf8) else {
+            throw .malformed("the message could not be encoded")
+        }
+        guard data.count <= Self.maximumPayloadBytes else { throw .tooLong(bytes: data.count) }
+        return text
+    }
+
+    /// Reads a payload that another replica wrote with ``payload()``, refusing anything else: a bus
+    /// that receives a payload it cannot read should log it and go on (it is someone else's message,
+    /// or a damaged one), never crash.
+    ///
+    /// - Throws: ``PayloadError/tooLong(bytes:)`` for a payload over ``maximumPayloadBytes``;
+    ///   ``PayloadError/malformed(_:)`` for one that is not such a message, or has an empty topic.
+    public init(payload: String) throws(PayloadError) {
+        let bytes = payload.utf8.count
+        guard bytes <= Self.maximumPayloadBytes else { throw .tooLong(bytes: bytes) }
+        guard let message = try? JSONDecoder().decode(Self.self, from: Data(payload.utf8)) else {
+            throw .malformed("not an invalidation: \(payload.prefix(80))")
+        }
+        guard !message.topic.isEmpty else { throw .malformed("an invalidation without a topic") }
+        self = message
+    }
+
+    /// Why a payload could not be written or read.
+    public enum PayloadError: Error, Sendable, Equatable, CustomStringConvertible {
+        /// Longer than ``AsyncStateInvalidation/maximumPayloadBytes``.
+        case tooLong(bytes: Int)
+        /// Not a message this library wrote.
+        case malformed(String)
+
+        /// A readable explanation.
+        public var description: String {
+            switch self {
+            case .tooLong(let bytes):
+                return
+                    "an invalidation payload of \(bytes) bytes (at most \(AsyncStateInvalidation.maximumPayloadBytes))"
+            case .malformed(let reason):
+                return "a malformed invalidation payload: \(reason)"
+            }
+        }
+    }
 }
 
 /// What a bus delivers to its replica.
