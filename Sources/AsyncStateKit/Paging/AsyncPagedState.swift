@@ -180,8 +180,9 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
         let maxPages = maxPages
         let reason: AsyncStateEvent.Reason = current.hasFirstPage ? .loadMore : .fetch
         return try await read(.append, retry: retry, reason: reason) { [weak store] in
-            // The list as the attempt starts: only a set, refresh or reset can change it before this
-            // result lands, and each of them drops this result.
+            // The list as the attempt starts: only a refresh, a read of an expired list or a reset
+            // can change it before this result lands, and each of them ends this flight (its result
+            // is dropped).
             guard let list = store?.cell.value else { throw CancellationError() }
             guard list.hasFirstPage else { return AsyncPages(first: try await operation(nil)) }
             guard let cursor = list.nextCursor else { return list }
