@@ -273,11 +273,8 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         case .live(let store):
             return store.cell.snapshot(at: now)
         case .compact(let settled):
-            return AsyncSnapshot(
-                value: settled.value, phase: settled.phase,
-                isExpired: !isWithinExpiry(since: settled.freshSince, at: now, expiry: configuration.expiry),
-                lastError: settled.lastError, lastSuccess: settled.lastSuccess, successCount: settled.successCount,
-                hasValue: true)
+            return settled.snapshot(
+                isExpired: !isWithinExpiry(since: settled.freshSince, at: now, expiry: configuration.expiry))
         }
     }
 

@@ -152,12 +152,10 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         touch(slot, at: now)
         let i = Int(slot)
         if let store = stores[i] { return store.cell.freshSnapshot(at: now) }
-        guard isWithinExpiry(since: freshSince[i], at: now, expiry: hitWindow), let metadata = metadata[i] else {
-            return nil
-        }
-        return AsyncSnapshot(
-            value: values[i], phase: metadata.phase, isExpired: false, lastError: metadata.lastError,
-            lastSuccess: metadata.lastSuccess, successCount: metadata.successCount, hasValue: true)
+        guard isWithinExpiry(since: freshSince[i], at: now, expiry: hitWindow),
+            case .compact(let settled) = entry(at: i)
+        else { return nil }
+        return settled.snapshot(isExpired: false)
     }
 
     // MARK: Entries

@@ -246,6 +246,13 @@ struct FetchStateMachine<Value: Sendable, Operation> {
             (self.value, self.phase, self.freshSince) = (value, phase, freshSince)
             (self.lastError, self.lastSuccess, self.successCount) = (lastError, lastSuccess, successCount)
         }
+
+        /// The snapshot of this settled state (it has data, so ``AsyncSnapshot/hasValue``).
+        func snapshot(isExpired: Bool) -> AsyncSnapshot<Value> {
+            AsyncSnapshot(
+                value: value, phase: phase, isExpired: isExpired, lastError: lastError, lastSuccess: lastSuccess,
+                successCount: successCount, hasValue: true)
+        }
     }
 
     /// This machine's state if it is settled (see ``Settled``), else `nil`.
