@@ -23,8 +23,22 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
+        .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
+        .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
     ],
     targets: [
+        // Invalidation across replicas over PostgreSQL's LISTEN/NOTIFY: an `AsyncStateInvalidationBus`.
+        .target(
+            name: "PostgresInvalidation",
+            dependencies: [
+                .product(name: "AsyncStateKit", package: library),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
         // The service: its states, routes, observers and configuration (tested without a socket).
         .target(
             name: "StateService",
@@ -36,12 +50,18 @@ let package = Package(
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                "PostgresInvalidation",
             ]
         ),
         // `swift run hummingbird-service`: reads the environment, bootstraps logging and metrics, runs.
         .executableTarget(
             name: "hummingbird-service",
-            dependencies: ["StateService"]
+            dependencies: [
+                "StateService", "PostgresInvalidation",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
         ),
         .testTarget(
             name: "StateServiceTests",
@@ -52,6 +72,21 @@ let package = Package(
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // Against a real PostgreSQL server (`bash .ci/replicas` starts one): the PostgreSQL bus, and
+        // three `hummingbird-service` processes agreeing after writes. Skipped without
+        // `ASYNCSTATE_POSTGRES_URL`.
+        .testTarget(
+            name: "ReplicaTests",
+            dependencies: [
+                "PostgresInvalidation",
+                .product(name: "AsyncStateKit", package: library),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

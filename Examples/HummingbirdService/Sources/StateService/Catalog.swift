@@ -11,6 +11,10 @@ import Foundation
 /// - `rates`: stale-while-revalidate: an expired value is served at once while one refetch runs.
 /// - `profiles`: a profile per user id, at most `profileCapacity` of them, refreshed ahead; idle ones
 ///   are dropped after `profileIdleExpiry`.
+/// - `tenants`: a configuration per tenant, read from a ``TenantStore`` shared by every replica and
+///   written through it (`PUT /config/:tenant`). With an invalidation bus, a write through any replica
+///   invalidates that tenant on all of them (topic ``tenantsTopic``); `tenantExpiry` bounds how long
+///   a replica can serve an old configuration when a message is lost.
 ///
 /// Every fetch retries with exponential backoff, times out, and caches its failure for
 /// `failureExpiry` (the `Retry-After` of a 503), so a down upstream is not hammered.
@@ -18,16 +22,26 @@ public final class Catalog: Sendable {
     public let config: AsyncState<ServiceConfig>
     public let rates: AsyncState<Rates>
     public let profiles: AsyncStateFamily<Int, Profile>
+    public let tenants: AsyncStateFamily<String, TenantConfig>
     public let upstream: any Upstream
+    public let tenantStore: any TenantStore
+    /// Carries tenant invalidations to and from the other replicas; `nil` for a single process.
+    public let invalidator: AsyncStateInvalidator?
+
+    /// The invalidation topic of ``tenants`` (a message's key is the tenant id).
+    public static let tenantsTopic = "tenants"
 
     /// Makes the states; they fetch nothing until asked.
     ///
     /// - Parameters:
     ///   - clock: The states' clock: `ContinuousClock` in production, a `VirtualClock` in tests.
     ///   - observer: Receives every state's events (logs and metrics).
+    ///   - tenantStore: Where tenants' configurations live (shared by the replicas).
+    ///   - bus: The invalidation bus between replicas; the caller runs the ``invalidator``.
     public init(
         settings: Settings, upstream: any Upstream, clock: some Clock<Duration> = ContinuousClock(),
-        observer: (any AsyncStateObserver)? = nil
+        observer: (any AsyncStateObserver)? = nil, tenantStore: any TenantStore = InMemoryTenantStore(),
+        bus: (any AsyncStateInvalidationBus)? = nil
     ) {
         let retry = RetryPolicy.exponential(
             maxAttempts: settings.retryAttempts, initial: settings.retryInitialDelay, cap: .seconds(10),
@@ -35,6 +49,7 @@ public final class Catalog: Sendable {
         )
         .retrying { ($0 as? UpstreamError) != .notFound }
         self.upstream = upstream
+        self.tenantStore = tenantStore
         config = AsyncState(
             wrappedValue: ServiceConfig(version: 0, features: [:]), expiry: settings.configExpiry, clock: clock,
             retry: retry, timeout: settings.fetchTimeout, failureExpiry: settings.failureExpiry,
@@ -48,6 +63,11 @@ public final class Catalog: Sendable {
             idleExpiry: settings.profileIdleExpiry, clock: clock, retry: retry, timeout: settings.fetchTimeout,
             failureExpiry: settings.failureExpiry, refreshAfter: settings.profileExpiry * 0.8, name: "profiles",
             observer: observer)
+        tenants = AsyncStateFamily(
+            expiry: settings.tenantExpiry, capacity: settings.profileCapacity, clock: clock, retry: retry,
+            timeout: settings.fetchTimeout, failureExpiry: settings.failureExpiry, name: "tenants", observer: observer)
+        invalidator = bus.map { AsyncStateInvalidator(bus: $0) }
+        invalidator?.subscribe(tenants, to: Self.tenantsTopic)
     }
 
     /// Whether every critical state has a value (fetched once; it may have expired since): what
@@ -61,11 +81,13 @@ public final class Catalog: Sendable {
         public var config: AsyncStateArchive<ServiceConfig>?
         public var rates: AsyncStateArchive<Rates>?
         public var profiles: [Int: AsyncStateArchive<Profile>]
+        /// Absent from files saved before tenants existed.
+        public var tenants: [String: AsyncStateArchive<TenantConfig>]?
     }
 
     /// The states' data, for ``save(to:)``.
     public var saved: Saved {
-        Saved(config: config.archive, rates: rates.archive, profiles: profiles.archive)
+        Saved(config: config.archive, rates: rates.archive, profiles: profiles.archive, tenants: tenants.archive)
     }
 
     /// Saves the states' data to `file` (atomically: a crash mid-save leaves the previous file).
@@ -74,7 +96,9 @@ public final class Catalog: Sendable {
     }
 
     /// Loads what ``save(to:)`` saved, as stale data: the configuration is due for its refresh
-    /// ahead, the rates are served stale while they refetch, profiles are refetched ahead too.
+    /// ahead, the rates are served stale while they refetch, profiles are refetched ahead too, and
+    /// tenants are refetched before they are served (a tenant may have changed while this process
+    /// was down).
     ///
     /// - Returns: How many states and profiles were restored; 0 without a file.
     /// - Throws: ``AsyncStateArchiveError`` for a file that cannot be used (start cold then).
@@ -85,6 +109,7 @@ public final class Catalog: Sendable {
         if let archive = saved.config, try await config.restore(archive) { restored += 1 }
         if let archive = saved.rates, try await rates.restore(archive) { restored += 1 }
         restored += try profiles.restore(saved.profiles)
+        restored += try tenants.restore(saved.tenants ?? [:])
         return restored
     }
 
@@ -100,5 +125,40 @@ public final class Catalog: Sendable {
 
     func profileSnapshot(_ id: Int) async throws -> AsyncSnapshot<Profile?> {
         try await profiles.snapshot(for: id) { [upstream] id in try await upstream.profile(id) }
+    }
+
+    func tenantSnapshot(_ id: String) async throws -> AsyncSnapshot<TenantConfig?> {
+        try await tenants.snapshot(for: id) { [tenantStore] id in try await tenantStore.tenant(id) }
+    }
+
+    /// How a write reached the other replicas.
+    public enum Announcement: String, Sendable {
+        /// Published on the bus.
+        case published
+        /// The bus could not publish: other replicas learn of the write when their bus reconnects, or
+        /// when their copy expires.
+        case failed
+        /// No bus: a single process.
+        case local
+    }
+
+    /// Writes `settings` for tenant `id` to the store, then invalidates the tenant here and, through
+    /// the bus, on every other replica.
+    ///
+    /// - Throws: The store's error; nothing was written then.
+    public func writeTenant(_ id: String, settings: [String: String]) async throws -> (
+        TenantConfig, Announcement
+    ) {
+        let config = try await tenantStore.write(id, settings: settings)
+        guard let invalidator else {
+            tenants.invalidate(id)
+            return (config, .local)
+        }
+        do {
+            try await invalidator.invalidate(Self.tenantsTopic, key: id)
+            return (config, .published)
+        } catch {
+            return (config, .failed)
+        }
     }
 }

@@ -63,4 +63,6 @@ struct SnapshotResponder: Sendable {
 extension HTTPField.Name {
     /// `X-State-Phase`: the phase kind of the state a response came from.
     static var statePhase: Self { Self("X-State-Phase")! }
+    /// How a write was announced to the other replicas (`published`, `failed`, `local`).
+    static var invalidation: Self { Self("X-Invalidation")! }
 }

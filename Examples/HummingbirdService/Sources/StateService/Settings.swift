@@ -1,5 +1,7 @@
 import Foundation
 import Logging
+import PostgresInvalidation
+import PostgresNIO
 
 /// Everything an operator may tune, read from environment variables (durations in seconds, decimals
 /// allowed). Unset variables keep the defaults; a malformed or out-of-range one is an error that
@@ -21,6 +23,9 @@ import Logging
 /// | `FAILURE_EXPIRY` | 1 | How long a failure is answered without asking the upstream again (`Retry-After`). |
 /// | `UPSTREAM_LATENCY` | 0.02 | How long the simulated upstream takes per call. |
 /// | `STATE_FILE` | (none) | Where the states are saved on shutdown and loaded from at start (warm restarts). |
+/// | `TENANT_EXPIRY` | 60 | How long a tenant's configuration is fresh: the longest a replica can serve an old one if an invalidation is lost. |
+/// | `POSTGRES_URL` | (none) | `postgres://user[:password]@host[:port]/database`: tenants live there, and replicas invalidate each other through it. Without it, tenants live in memory. |
+/// | `INVALIDATION_CHANNEL` | async_state_invalidations | The `NOTIFY` channel the replicas share. |
 public struct Settings: Sendable, Equatable {
     public var host = "127.0.0.1"
     public var port = 8080
@@ -37,6 +42,9 @@ public struct Settings: Sendable, Equatable {
     public var failureExpiry = Duration.seconds(1)
     public var upstreamLatency = Duration.milliseconds(20)
     public var stateFile: String?
+    public var tenantExpiry = Duration.seconds(60)
+    public var postgres: PostgresSettings?
+    public var invalidationChannel = "async_state_invalidations"
 
     /// The defaults.
     public init() {}
@@ -66,6 +74,59 @@ public struct Settings: Sendable, Equatable {
         failureExpiry = try read.seconds("FAILURE_EXPIRY", allowingZero: true) ?? failureExpiry
         upstreamLatency = try read.seconds("UPSTREAM_LATENCY", allowingZero: true) ?? upstreamLatency
         stateFile = read.string("STATE_FILE")
+        tenantExpiry = try read.seconds("TENANT_EXPIRY") ?? tenantExpiry
+        if let url = read.string("POSTGRES_URL") {
+            guard let parsed = PostgresSettings(url: url) else {
+                throw SettingsError(
+                    variable: "POSTGRES_URL", value: url, expected: "postgres://user[:password]@host[:port]/database")
+            }
+            postgres = parsed
+        }
+        if let channel = read.string("INVALIDATION_CHANNEL") {
+            guard PostgresInvalidationBus.isValidChannel(channel) else {
+                throw SettingsError(
+                    variable: "INVALIDATION_CHANNEL", value: channel,
+                    expected: "1 to 63 lowercase letters, digits and underscores, not starting with a digit")
+            }
+            invalidationChannel = channel
+        }
+    }
+}
+
+/// Where the PostgreSQL server is, from `POSTGRES_URL` (no TLS: for a server on the same host or
+/// network; add TLS settings for anything else).
+public struct PostgresSettings: Sendable, Equatable {
+    public var host: String
+    public var port: Int
+    public var username: String
+    public var password: String?
+    public var database: String
+
+    /// Parses `postgres://user[:password]@host[:port]/database` (or `postgresql://`).
+    public init?(url: String) {
+        guard let components = URLComponents(string: url), ["postgres", "postgresql"].contains(components.scheme),
+            let host = components.host, !host.isEmpty, let username = components.user, !username.isEmpty
+        else { return nil }
+        let database = String(components.path.drop { $0 == "/" })
+        guard !database.isEmpty, !database.contains("/") else { return nil }
+        if let port = components.port, !(1...65_535).contains(port) { return nil }
+        self.host = host
+        self.port = components.port ?? 5432
+        self.username = username
+        self.password = components.password
+        self.database = database
+    }
+
+    /// The configuration of the service's connection pool.
+    public var client: PostgresClient.Configuration {
+        PostgresClient.Configuration(
+            host: host, port: port, username: username, password: password, database: database, tls: .disable)
+    }
+
+    /// The configuration of a single connection (the invalidation listener's).
+    public var connection: PostgresConnection.Configuration {
+        PostgresConnection.Configuration(
+            host: host, port: port, username: username, password: password, database: database, tls: .disable)
     }
 }
 

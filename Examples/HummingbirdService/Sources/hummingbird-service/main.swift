@@ -3,7 +3,10 @@ import Foundation
 import Hummingbird
 import Logging
 import Metrics
+import PostgresInvalidation
+import PostgresNIO
 import Prometheus
+import ServiceLifecycle
 import StateService
 
 // Configuration from the environment: a bad variable stops the service with a message (exit 78,
@@ -26,8 +29,25 @@ MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
 
 let logger = Logger(label: "state-service")
 let observer = ObserverGroup([LoggingObserver(logger: logger), MetricsObserver()])
+
+// With POSTGRES_URL, tenants live in PostgreSQL and the replicas invalidate each other through it.
+var services: [any Service] = []
+var tenantStore: any TenantStore = InMemoryTenantStore()
+var bus: PostgresInvalidationBus?
+if let postgres = settings.postgres {
+    let client = PostgresClient(configuration: postgres.client, backgroundLogger: logger)
+    let postgresBus = try PostgresInvalidationBus(
+        client: client, listening: postgres.connection, channel: settings.invalidationChannel, logger: logger)
+    tenantStore = PostgresTenantStore(client: client, logger: logger)
+    bus = postgresBus
+    services += [client, postgresBus]
+}
 let catalog = Catalog(
     settings: settings, upstream: SimulatedUpstream(latency: settings.upstreamLatency, clock: ContinuousClock()),
-    observer: observer)
-let app = buildApplication(catalog: catalog, settings: settings, registry: registry, logger: logger)
+    observer: observer, tenantStore: tenantStore, bus: bus)
+if let invalidator = catalog.invalidator {
+    services.append(InvalidationService(invalidator: invalidator))
+}
+let app = buildApplication(
+    catalog: catalog, settings: settings, registry: registry, logger: logger, services: services)
 try await app.runService()

@@ -1,0 +1,319 @@
+import AsyncStateKit
+import Logging
+import Metrics
+import PostgresNIO
+import ServiceLifecycle
+import Synchronization
+
+/// An `AsyncStateInvalidationBus` over PostgreSQL's `LISTEN`/`NOTIFY`: every replica of a service
+/// that shares a database hears the invalidations the others publish, within milliseconds.
+///
+/// ```swift
+/// let bus = try PostgresInvalidationBus(client: client, listening: connectionConfiguration, logger: logger)
+/// let invalidator = AsyncStateInvalidator(bus: bus)
+/// invalidator.subscribe(catalog.tenants, to: "tenants")
+/// // The service group runs `client`, `bus` and `invalidator.run()`.
+/// ```
+///
+/// - **Publishing** runs `SELECT pg_notify($1, $2)` through `client`'s pool, the channel and the
+///   payload as bound parameters: nothing a topic or key holds is ever spliced into SQL.
+/// - **Listening** holds one dedicated connection (made from the `listening` configuration, outside
+///   the pool) with `LISTEN` on the channel. It pings the server every `heartbeat` and treats a ping
+///   that fails or takes longer than a heartbeat as a lost connection, so a half-open TCP connection
+///   is noticed too.
+/// - **A lost connection** (a server restart, a network cut) is retried with exponential backoff and
+///   jitter until ``run()`` is cancelled. Once `LISTEN` is in place again the bus delivers
+///   `.reconnected`: notifications sent meanwhile are lost (PostgreSQL keeps none for absent
+///   listeners), so the invalidator invalidates everything it holds. `.reconnected` also follows the
+///   first `LISTEN`, and opens every stream made by ``deliveries()`` while the bus listens, because a
+///   state may have read before the bus (or that subscriber) was listening.
+/// - **A malformed payload** — one another program sent on the channel, or one over the size limit —
+///   is counted in ``malformedPayloads``, logged at `warning` and ignored.
+/// - **Metrics** (swift-metrics, labelled with the channel): `async_state_bus_received_total`,
+///   `async_state_bus_malformed_total`, `async_state_bus_reconnections_total`, and the gauge
+///   `async_state_bus_listening` (1 while `LISTEN` is in place).
+///
+/// A replica hears its own notifications too (PostgreSQL sends a notification to every listening
+/// session); applying one again is harmless, invalidation being idempotent, and costs at most one
+/// extra read of the key.
+public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
+    /// The `NOTIFY` channel.
+    public let channel: String
+    private let client: PostgresClient
+    private let listening: PostgresConnection.Configuration
+    private let backoff: Backoff
+    private let heartbeat: Duration
+    private let logger: Logger
+    private let state = Mutex(State())
+    private let metrics: BusMetrics
+
+    private struct BusMetrics {
+        let received: Counter
+        let malformed: Counter
+        let reconnections: Counter
+        let listening: Gauge
+
+        init(channel: String) {
+            let dimensions = [("channel", channel)]
+            received = Counter(label: "async_state_bus_received_total", dimensions: dimensions)
+            malformed = Counter(label: "async_state_bus_malformed_total", dimensions: dimensions)
+            reconnections = Counter(label: "async_state_bus_reconnections_total", dimensions: dimensions)
+            listening = Gauge(label: "async_state_bus_listening", dimensions: dimensions)
+        }
+    }
+
+    private struct State {
+        var subscribers: [Int: AsyncStream<AsyncStateInvalidationDelivery>.Continuation] = [:]
+        var nextSubscriber = 0
+        var isListening = false
+        var hasEnded = false
+        var malformed = 0
+        var reconnections = 0
+        var received = 0
+    }
+
+    /// How long the bus waits before connecting again after attempt `n` failed:
+    /// `min(maximum, initial × 2ⁿ⁻¹)`, of which a random half is waited (so that replicas that lost
+    /// the server together do not reconnect in lockstep).
+    public struct Backoff: Sendable, Equatable {
+        /// The wait after the first failure.
+        public var initial: Duration
+        /// The longest wait.
+        public var maximum: Duration
+
+        /// A backoff from `initial` doubling up to `maximum`.
+        public init(initial: Duration = .milliseconds(100), maximum: Duration = .seconds(5)) {
+            self.initial = initial
+            self.maximum = maximum
+        }
+
+        /// The wait after `attempt` (1 or more) consecutive failures.
+        func delay(afterAttempt attempt: Int) -> Duration {
+            let doubled = initial * Double(1 << min(max(attempt - 1, 0), 20))
+            let capped = min(doubled, maximum)
+            return capped / 2 + capped / 2 * Double.random(in: 0...1)
+        }
+    }
+
+    /// A channel name the bus refuses.
+    public struct ChannelNameError: Error, Equatable, CustomStringConvertible {
+        /// The name given.
+        public var channel: String
+
+        public var description: String {
+            "invalid NOTIFY channel \"\(channel)\": use 1 to 63 lowercase ASCII letters, digits and underscores, not starting with a digit"
+        }
+    }
+
+    /// A bus on `channel`.
+    ///
+    /// - Parameters:
+    ///   - client: Publishes; run it in the service group.
+    ///   - listening: The server the listening connection connects to (the same database as `client`).
+    ///   - channel: The `NOTIFY` channel every replica of the service uses: 1 to 63 characters (a
+    ///     PostgreSQL identifier's length), lowercase ASCII letters, digits and underscores, not
+    ///     starting with a digit, so that it needs no quoting anywhere.
+    ///   - backoff: The waits between connection attempts.
+    ///   - heartbeat: How often the listening connection is pinged.
+    /// - Throws: ``ChannelNameError`` for any other channel name.
+    public init(
+        client: PostgresClient, listening: PostgresConnection.Configuration,
+        channel: String = "async_state_invalidations", backoff: Backoff = Backoff(),
+        heartbeat: Duration = .seconds(5), logger: Logger
+    ) throws(ChannelNameError) {
+        guard Self.isValidChannel(channel) else { throw ChannelNameError(channel: channel) }
+        self.client = client
+        self.listening = listening
+        self.channel = channel
+        self.backoff = backoff
+        self.heartbeat = heartbeat
+        self.logger = logger
+        metrics = BusMetrics(channel: channel)
+    }
+
+    /// Whether `name` is a channel name the bus accepts.
+    public static func isValidChannel(_ name: String) -> Bool {
+        let bytes = Array(name.utf8)
+        guard (1...63).contains(bytes.count), !(UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[0]) else {
+            return false
+        }
+        return bytes.allSatisfy {
+            (UInt8(ascii: "a")...UInt8(ascii: "z")).contains($0) || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0)
+                || $0 == UInt8(ascii: "_")
+        }
+    }
+
+    // MARK: Counters
+
+    /// Whether the listening connection currently has `LISTEN` in place.
+    public var isListening: Bool { state.withLock { $0.isListening } }
+    /// Notifications ignored because their payload was not an invalidation.
+    public var malformedPayloads: Int { state.withLock { $0.malformed } }
+    /// Invalidations received and delivered.
+    public var invalidationsReceived: Int { state.withLock { $0.received } }
+    /// Times `LISTEN` was put in place again after a lost connection.
+    public var reconnections: Int { state.withLock { $0.reconnections } }
+
+    // MARK: AsyncStateInvalidationBus
+
+    /// Sends `invalidation` on the channel to every listening replica (this one included).
+    ///
+    /// - Throws: `AsyncStateInvalidation.PayloadError` when the topic and key are too long for a
+    ///   notification; the driver's error when the server cannot be reached.
+    public func publish(_ invalidation: AsyncStateInvalidation) async throws {
+        let payload = try invalidation.payload()
+        try await client.query("SELECT pg_notify(\(channel), \(payload))", logger: logger)
+    }
+
+    /// The invalidations other replicas publish, and `.reconnected` after every (re)connection, until
+    /// ``run()`` returns.
+    public func deliveries() -> AsyncStream<AsyncStateInvalidationDelivery> {
+        let (stream, continuation) = AsyncStream<AsyncStateInvalidationDelivery>.makeStream()
+        let id: Int? = state.withLock { state in
+            guard !state.hasEnded else { return nil }
+            let id = state.nextSubscriber
+            state.nextSubscriber += 1
+            state.subscribers[id] = continuation
+            if state.isListening { continuation.yield(.reconnected) }
+            return id
+        }
+        guard let id else {
+            continuation.finish()
+            return stream
+        }
+        continuation.onTermination = { [weak self] _ in
+            _ = self?.state.withLock { $0.subscribers.removeValue(forKey: id) }
+        }
+        return stream
+    }
+
+    // MARK: Service
+
+    /// Keeps `LISTEN` in place — connecting, and reconnecting with backoff — until the task is
+    /// cancelled or the service group shuts down gracefully; then ends every delivery stream.
+    public func run() async throws {
+        await cancelWhenGracefulShutdown { await self.listen() }
+        metrics.listening.record(0)
+        let ended = state.withLock { state in
+            state.hasEnded = true
+            state.isListening = false
+            defer { state.subscribers = [:] }
+            return Array(state.subscribers.values)
+        }
+        for continuation in ended { continuation.finish() }
+    }
+
+    private func listen() async {
+        var failures = 0
+        var hasListened = false
+        while !Task.isCancelled {
+            do {
+                let connection = try await PostgresConnection.connect(
+                    configuration: listening, id: 1, logger: logger)
+                do {
+                    try await connection.listen(on: channel) { notifications in
+                        failures = 0
+                        self.listeningStarted(afterGap: hasListened)
+                        hasListened = true
+                        try await self.receive(notifications, pinging: connection)
+                    }
+                } catch {
+                    try? await connection.close()
+                    throw error
+                }
+                try? await connection.close()
+            } catch {
+                state.withLock { $0.isListening = false }
+                metrics.listening.record(0)
+                guard !Task.isCancelled else { return }
+                failures += 1
+                let delay = backoff.delay(afterAttempt: failures)
+                // Every failure at debug; the first, and then fewer and fewer, at warning.
+                let level: Logger.Level = failures & (failures - 1) == 0 ? .warning : .debug
+                let message: Logger.Message =
+                    hasListened && failures == 1
+                    ? "invalidation listener lost its connection" : "invalidation listener cannot connect"
+                logger.log(
+                    level: level, message,
+                    metadata: [
+                        "channel": "\(channel)", "attempt": "\(failures)", "retry_in": "\(delay)",
+                        "error": "\(String(reflecting: error))",
+                    ])
+                try? await Task.sleep(for: delay)
+                continue
+            }
+            // The connection ended without an error: only when cancelled.
+            state.withLock { $0.isListening = false }
+            metrics.listening.record(0)
+        }
+    }
+
+    private func listeningStarted(afterGap: Bool) {
+        let subscribers = state.withLock { state in
+            state.isListening = true
+            if afterGap { state.reconnections += 1 }
+            return Array(state.subscribers.values)
+        }
+        metrics.listening.record(1)
+        if afterGap { metrics.reconnections.increment() }
+        logger.info("invalidation listener is listening", metadata: ["channel": "\(channel)"])
+        for subscriber in subscribers { subscriber.yield(.reconnected) }
+    }
+
+    /// Delivers notifications until the stream ends or a ping fails (both throw, to reconnect).
+    private func receive(_ notifications: PostgresNotificationSequence, pinging connection: PostgresConnection)
+        async throws
+    {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                for try await notification in notifications { self.deliver(notification.payload) }
+                throw ListenerEnded()
+            }
+            group.addTask { [heartbeat, logger] in
+                while true {
+                    try await Task.sleep(for: heartbeat)
+                    try await withThrowingTaskGroup(of: Bool.self) { ping in
+                        ping.addTask {
+                            try await connection.query("SELECT 1", logger: logger)
+                            return true
+                        }
+                        ping.addTask {
+                            try await Task.sleep(for: heartbeat)
+                            return false
+                        }
+                        defer { ping.cancelAll() }
+                        guard try await ping.next() == true else { throw ListenerEnded() }
+                    }
+                }
+            }
+            defer { group.cancelAll() }
+            try await group.next()
+        }
+    }
+
+    /// Delivers one payload, or logs and counts it when it is not an invalidation.
+    func deliver(_ payload: String) {
+        let invalidation: AsyncStateInvalidation
+        do {
+            invalidation = try AsyncStateInvalidation(payload: payload)
+        } catch {
+            state.withLock { $0.malformed += 1 }
+            metrics.malformed.increment()
+            logger.warning(
+                "ignored a notification that is not an invalidation",
+                metadata: ["channel": "\(channel)", "error": "\(error)"])
+            return
+        }
+        let subscribers = state.withLock { state in
+            state.received += 1
+            return Array(state.subscribers.values)
+        }
+        metrics.received.increment()
+        for subscriber in subscribers { subscriber.yield(.invalidate(invalidation)) }
+    }
+
+    /// The notification stream ended or a ping failed: the connection is gone.
+    private struct ListenerEnded: Error, CustomStringConvertible {
+        var description: String { "the listening connection stopped answering" }
+    }
+}

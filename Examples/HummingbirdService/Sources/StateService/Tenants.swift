@@ -1,0 +1,134 @@
+import Foundation
+import Logging
+import PostgresNIO
+import Synchronization
+
+/// A tenant's configuration, as the database holds it.
+public struct TenantConfig: Codable, Sendable, Equatable {
+    /// The tenant's id.
+    public var tenant: String
+    /// Bumped by every write, starting at 1.
+    public var version: Int
+    /// The tenant's settings.
+    public var settings: [String: String]
+
+    /// Creates a configuration.
+    public init(tenant: String, version: Int, settings: [String: String]) {
+        self.tenant = tenant
+        self.version = version
+        self.settings = settings
+    }
+
+    /// Whether `id` can name a tenant: 1 to 64 ASCII letters, digits, `-` and `_`.
+    public static func isValidID(_ id: String) -> Bool {
+        (1...64).contains(id.utf8.count)
+            && id.utf8.allSatisfy { byte in
+                switch byte {
+                case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                    UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "_"):
+                    return true
+                default:
+                    return false
+                }
+            }
+    }
+}
+
+/// Where tenants' configurations are written and read: shared by every replica of the service
+/// (``PostgresTenantStore``), or in memory for a single process and tests (``InMemoryTenantStore``).
+public protocol TenantStore: Sendable {
+    /// The configuration of `tenant`; throws ``UpstreamError/notFound`` for a tenant never written.
+    func tenant(_ tenant: String) async throws -> TenantConfig
+    /// Replaces the settings of `tenant` (creating it at version 1), bumping its version.
+    func write(_ tenant: String, settings: [String: String]) async throws -> TenantConfig
+}
+
+/// Tenants in this process's memory.
+public final class InMemoryTenantStore: TenantStore {
+    private let tenants = Mutex<[String: TenantConfig]>([:])
+
+    /// An empty store.
+    public init() {}
+
+    public func tenant(_ tenant: String) async throws -> TenantConfig {
+        guard let config = tenants.withLock({ $0[tenant] }) else { throw UpstreamError.notFound }
+        return config
+    }
+
+    public func write(_ tenant: String, settings: [String: String]) async throws -> TenantConfig {
+        tenants.withLock { tenants in
+            let config = TenantConfig(tenant: tenant, version: (tenants[tenant]?.version ?? 0) + 1, settings: settings)
+            tenants[tenant] = config
+            return config
+        }
+    }
+}
+
+/// Tenants in a PostgreSQL table, `tenant_configs`, created on first use.
+public final class PostgresTenantStore: TenantStore {
+    private let client: PostgresClient
+    private let logger: Logger
+    private let schema = Mutex<Task<Void, any Error>?>(nil)
+
+    /// A store on `client` (run the client in the service group).
+    public init(client: PostgresClient, logger: Logger) {
+        self.client = client
+        self.logger = logger
+    }
+
+    public func tenant(_ tenant: String) async throws -> TenantConfig {
+        try await prepare()
+        let rows = try await client.query(
+            "SELECT version, settings FROM tenant_configs WHERE tenant = \(tenant)", logger: logger)
+        for try await (version, settings) in rows.decode((Int, String).self) {
+            return TenantConfig(tenant: tenant, version: version, settings: try Self.decode(settings))
+        }
+        throw UpstreamError.notFound
+    }
+
+    public func write(_ tenant: String, settings: [String: String]) async throws -> TenantConfig {
+        try await prepare()
+        let json = String(decoding: try JSONEncoder().encode(settings), as: UTF8.self)
+        let rows = try await client.query(
+            """
+            INSERT INTO tenant_configs (tenant, version, settings) VALUES (\(tenant), 1, \(json))
+            ON CONFLICT (tenant) DO UPDATE SET version = tenant_configs.version + 1, settings = EXCLUDED.settings
+            RETURNING version
+            """, logger: logger)
+        for try await version in rows.decode(Int.self) {
+            return TenantConfig(tenant: tenant, version: version, settings: settings)
+        }
+        throw UpstreamError.unavailable
+    }
+
+    /// Creates the table once per process (retried after a failure). Replicas starting together
+    /// serialize on an advisory lock: concurrent `CREATE TABLE IF NOT EXISTS` can otherwise fail.
+    private func prepare() async throws {
+        let task = schema.withLock { schema in
+            if let schema { return schema }
+            let (client, logger) = (client, logger)
+            let task = Task {
+                try await client.withTransaction(logger: logger) { connection in
+                    try await connection.query("SELECT pg_advisory_xact_lock(7160231)", logger: logger)
+                    try await connection.query(
+                        """
+                        CREATE TABLE IF NOT EXISTS tenant_configs (
+                            tenant text PRIMARY KEY, version bigint NOT NULL, settings text NOT NULL)
+                        """, logger: logger)
+                }
+            }
+            schema = task
+            return task
+        }
+        do {
+            try await task.value
+        } catch {
+            schema.withLock { if $0 == task { $0 = nil } }
+            throw error
+        }
+    }
+
+    private static func decode(_ settings: String) throws -> [String: String] {
+        try JSONDecoder().decode([String: String].self, from: Data(settings.utf8))
+    }
+}

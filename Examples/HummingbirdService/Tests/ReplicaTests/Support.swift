@@ -1,0 +1,177 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+import PostgresInvalidation
+import PostgresNIO
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The PostgreSQL server these tests run against, from the environment `bash .ci/replicas` sets:
+/// `ASYNCSTATE_POSTGRES_URL` (`postgres://user@host:port/database`) and `ASYNCSTATE_POSTGRES_DIR` (the
+/// directory `.ci/postgres` made, for restarting the server). Without them the tests are skipped.
+enum Server {
+    static let url = ProcessInfo.processInfo.environment["ASYNCSTATE_POSTGRES_URL"]
+    static let directory = ProcessInfo.processInfo.environment["ASYNCSTATE_POSTGRES_DIR"]
+    static var isAvailable: Bool { url != nil }
+
+    /// Host, port, user and database of ``url``.
+    static func components() throws -> (host: String, port: Int, user: String, database: String) {
+        let url = try #require(Server.url.flatMap(URLComponents.init(string:)), "ASYNCSTATE_POSTGRES_URL")
+        return (
+            try #require(url.host), url.port ?? 5432, try #require(url.user), String(url.path.drop { $0 == "/" })
+        )
+    }
+
+    static func clientConfiguration() throws -> PostgresClient.Configuration {
+        let (host, port, user, database) = try components()
+        return PostgresClient.Configuration(
+            host: host, port: port, username: user, password: nil, database: database, tls: .disable)
+    }
+
+    static func connectionConfiguration() throws -> PostgresConnection.Configuration {
+        let (host, port, user, database) = try components()
+        return PostgresConnection.Configuration(
+            host: host, port: port, username: user, password: nil, database: database, tls: .disable)
+    }
+
+    /// Stops the server (a fast shutdown: every connection is cut) and starts it again.
+    static func restart() throws {
+        let directory = try #require(Server.directory, "ASYNCSTATE_POSTGRES_DIR")
+        let script = URL(fileURLWithPath: #filePath)
+            .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent(".ci/postgres")
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/bash")
+        process.arguments = [script.path, "restart", directory]
+        process.standardOutput = FileHandle.nullDevice
+        try process.run()
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0, "bash .ci/postgres restart failed")
+    }
+}
+
+/// A channel no other test uses.
+func uniqueChannel(_ prefix: String) -> String {
+    "\(prefix)_\(UInt32.random(in: 0...UInt32.max))"
+}
+
+let quietLogger: Logger = {
+    var logger = Logger(label: "replica-tests")
+    logger.logLevel = .critical
+    return logger
+}()
+
+/// Polls `condition` on the real clock every millisecond until it holds or `timeout` passes.
+func eventually(timeout: Duration, _ condition: () async throws -> Bool) async rethrows -> Bool {
+    let deadline = ContinuousClock.now + timeout
+    while ContinuousClock.now < deadline {
+        if try await condition() { return true }
+        try? await Task.sleep(for: .milliseconds(1))
+    }
+    return try await condition()
+}
+
+/// A TCP port on 127.0.0.1 that nothing listens on (the kernel's choice, released at once).
+func freePort() throws -> Int {
+    let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    try #require(descriptor >= 0)
+    defer { close(descriptor) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = 0
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+            bind(descriptor, pointer, length) == 0 && getsockname(descriptor, pointer, &length) == 0
+        }
+    }
+    try #require(bound)
+    return Int(UInt16(bigEndian: address.sin_port))
+}
+
+/// A `hummingbird-service` process, its output in a file.
+final class Replica {
+    let port: Int
+    let process: Process
+    let log: URL
+
+    /// Starts the service built beside this test binary with `environment` added to this process's.
+    init(name: String, environment: [String: String], directory: URL) throws {
+        let binary = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+            .deletingLastPathComponent().appendingPathComponent("hummingbird-service")
+        try #require(
+            FileManager.default.isExecutableFile(atPath: binary.path),
+            "build the service first: swift build --package-path Examples/HummingbirdService")
+        port = try freePort()
+        log = directory.appendingPathComponent("\(name).log")
+        try #require(FileManager.default.createFile(atPath: log.path, contents: nil))
+        let output = try FileHandle(forWritingTo: log)
+        process = Process()
+        process.executableURL = binary
+        process.environment = ProcessInfo.processInfo.environment.merging(
+            environment.merging(["PORT": "\(port)"]) {
+                $1
+            }
+        ) { $1 }
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+    }
+
+    var base: String { "http://127.0.0.1:\(port)" }
+
+    /// Sends SIGTERM and waits for the exit; returns the exit status.
+    func stop() async -> Int32 {
+        if process.isRunning { process.terminate() }
+        while process.isRunning { try? await Task.sleep(for: .milliseconds(5)) }
+        return process.terminationStatus
+    }
+
+    /// The value of the metric line that starts with `series`, or `nil`.
+    func metric(_ series: String, client: HTTPClient) async throws -> Double? {
+        let (status, body) = try await client.call("\(base)/metrics")
+        guard status == 200 else { return nil }
+        for line in body.split(separator: "\n") where line.hasPrefix(series + " ") {
+            return Double(line.dropFirst(series.count + 1))
+        }
+        return nil
+    }
+}
+
+extension HTTPClient {
+    /// One request: its status and body (status 0 when the server cannot be reached).
+    func call(_ url: String, method: HTTPMethod = .GET, body: String? = nil) async throws -> (Int, String) {
+        var request = HTTPClientRequest(url: url)
+        request.method = method
+        if let body { request.body = .bytes(ByteBuffer(string: body)) }
+        do {
+            let response = try await execute(request, timeout: .seconds(10))
+            let bytes = try await response.body.collect(upTo: 1 << 20)
+            return (Int(response.status.code), String(buffer: bytes))
+        } catch is CancellationError {
+            throw CancellationError()
+        } catch {
+            return (0, "\(error)")
+        }
+    }
+}
+
+/// The `p`-th percentile (0…100) of `values`, by the nearest-rank method.
+func percentile(_ values: [Duration], _ p: Double) -> Duration {
+    let sorted = values.sorted()
+    let rank = max(1, Int((p / 100 * Double(sorted.count)).rounded(.up)))
+    return sorted[min(rank, sorted.count) - 1]
+}
+
+extension Duration {
+    var milliseconds: Double {
+        let (seconds, attoseconds) = components
+        return Double(seconds) * 1_000 + Double(attoseconds) / 1e15
+    }
+}
