@@ -71,13 +71,18 @@ final class ScriptedUpstream: Upstream {
 
 /// A service on a virtual clock with a scripted upstream and its own metrics registry.
 struct Fixture {
-    let clock = VirtualClock()
+    let clock: VirtualClock
     let upstream: ScriptedUpstream
     let settings: Settings
     let registry = PrometheusCollectorRegistry()
     let catalog: Catalog
 
-    init(latency: Duration = .zero, _ configure: (inout Settings) -> Void = { _ in }) {
+    init(
+        clock: VirtualClock = VirtualClock(), latency: Duration = .zero,
+        tenantStore: any TenantStore = InMemoryTenantStore(), bus: (any AsyncStateInvalidationBus)? = nil,
+        _ configure: (inout Settings) -> Void = { _ in }
+    ) {
+        self.clock = clock
         var settings = Settings()
         settings.retryAttempts = 1
         settings.failureExpiry = .seconds(1)
@@ -86,7 +91,8 @@ struct Fixture {
         upstream = ScriptedUpstream(clock: clock, latency: latency)
         catalog = Catalog(
             settings: settings, upstream: upstream, clock: clock,
-            observer: MetricsObserver(factory: PrometheusMetricsFactory(registry: registry)))
+            observer: MetricsObserver(factory: PrometheusMetricsFactory(registry: registry)), tenantStore: tenantStore,
+            bus: bus)
     }
 
     /// The routes alone (no background refreshes).
