@@ -279,6 +279,9 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
                         }
                         ping.addTask {
                             try await Task.sleep(for: heartbeat)
+                            // No answer: close the connection, which fails the ping (a query in
+                            // flight does not end on cancellation) and the notification stream.
+                            try? await connection.close()
                             return false
                         }
                         defer { ping.cancelAll() }

@@ -6,10 +6,15 @@ import PostgresNIO
 import Synchronization
 import Testing
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Buses on one channel, with a client to publish through and send raw notifications with, run for
 /// the duration of `body` (the real clock, a real server).
 func withBuses(
     _ count: Int, channel: String = uniqueChannel("bus"), backoff: PostgresInvalidationBus.Backoff = .init(),
+    heartbeat: Duration = .milliseconds(500),
     _ body: @Sendable ([PostgresInvalidationBus], PostgresClient) async throws -> Void
 ) async throws {
     let client = PostgresClient(configuration: try Server.clientConfiguration(), backgroundLogger: quietLogger)
@@ -17,7 +22,7 @@ func withBuses(
     let buses = try (0..<count).map { _ in
         try PostgresInvalidationBus(
             client: client, listening: listening, channel: channel, backoff: backoff,
-            heartbeat: .milliseconds(500), logger: quietLogger)
+            heartbeat: heartbeat, logger: quietLogger)
     }
     try await withThrowingTaskGroup(of: Void.self) { group in
         group.addTask { await client.run() }
@@ -133,6 +138,49 @@ struct PostgresBusTests {
         }
     }
 
+    @Test func pingsKeepAHealthyConnectionListening() async throws {
+        try await withBuses(2, heartbeat: .milliseconds(20)) { buses, client in
+            let received = Received(buses[1])
+            // Forty heartbeats: each ping runs on the listening connection beside LISTEN.
+            try await Task.sleep(for: .milliseconds(800))
+            #expect(buses[1].isListening)
+            #expect(buses[1].reconnections == 0)
+            // Both listening sessions last ran a ping (their last statement was LISTEN otherwise).
+            let pinging = try await client.query(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT 1'", logger: quietLogger)
+            var sessions = 0
+            for try await count in pinging.decode(Int.self) { sessions = count }
+            #expect(sessions == 2)
+            try await buses[0].publish(AsyncStateInvalidation(topic: "still", key: "here"))
+            #expect(await eventually(timeout: .seconds(10)) { received.invalidations.count == 1 })
+        }
+    }
+
+    @Test func aListeningConnectionThatStopsAnsweringIsReplaced() async throws {
+        try await withBuses(
+            1, backoff: .init(initial: .milliseconds(20), maximum: .milliseconds(200)), heartbeat: .milliseconds(100)
+        ) {
+            buses, client in
+            let bus = buses[0]
+            let received = Received(bus)
+            // The server process behind the listening session freezes (as behind a network cut: the
+            // TCP connection stays open, nothing answers).
+            let backends = try await client.query(
+                "SELECT pid FROM pg_stat_activity WHERE query = \("LISTEN \"\(bus.channel)\";") OR query = 'SELECT 1'",
+                logger: quietLogger)
+            var pids: [Int32] = []
+            for try await pid in backends.decode(Int32.self) { pids.append(pid) }
+            try #require(pids.count == 1)
+            #expect(kill(pids[0], SIGSTOP) == 0)
+            defer { kill(pids[0], SIGCONT) }
+            // A ping goes unanswered for a heartbeat: the bus connects again and says so.
+            #expect(await eventually(timeout: .seconds(10)) { bus.reconnections == 1 && bus.isListening })
+            #expect(received.reconnections >= 2)
+            try await bus.publish(AsyncStateInvalidation(topic: "after", key: "freeze"))
+            #expect(await eventually(timeout: .seconds(10)) { received.invalidations.count == 1 })
+        }
+    }
+
     @Test func aSubscriberThatJoinsWhileListeningStartsWithReconnectedAndStreamsEndWithTheBus() async throws {
         let client = PostgresClient(configuration: try Server.clientConfiguration(), backgroundLogger: quietLogger)
         let bus = try PostgresInvalidationBus(
@@ -148,6 +196,37 @@ struct PostgresBusTests {
         #expect(!bus.isListening)
         var late = bus.deliveries().makeAsyncIterator()
         #expect(await late.next() == nil)
+    }
+}
+
+/// Without a server: the bus keeps trying, and stops as soon as it is cancelled.
+@Suite(.timeLimit(.minutes(1))) struct UnreachableServerTests {
+    @Test func aBusWithoutAServerRetriesAndStopsAtOnceWhenCancelled() async throws {
+        let port = try freePort()  // nothing listens there
+        let configuration = PostgresConnection.Configuration(
+            host: "127.0.0.1", port: port, username: "nobody", password: nil, database: "none", tls: .disable)
+        let client = PostgresClient(
+            configuration: PostgresClient.Configuration(
+                host: "127.0.0.1", port: port, username: "nobody", password: nil, database: "none", tls: .disable),
+            backgroundLogger: quietLogger)
+        let bus = try PostgresInvalidationBus(
+            client: client, listening: configuration,
+            backoff: .init(initial: .milliseconds(10), maximum: .milliseconds(50)),
+            logger: quietLogger)
+        let running = Task { try await bus.run() }
+        var deliveries = bus.deliveries().makeAsyncIterator()
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(!bus.isListening)
+        let stopping = ContinuousClock.now
+        running.cancel()
+        try await running.value
+        #expect(ContinuousClock.now - stopping < .seconds(5))
+        #expect(await deliveries.next() == nil)
+        // Publishing fails (the client is not running): an error, not a hang.
+        let publishing = Task { try await bus.publish(AsyncStateInvalidation(topic: "t")) }
+        try await Task.sleep(for: .milliseconds(100))
+        publishing.cancel()
+        await #expect(throws: (any Error).self) { try await publishing.value }
     }
 }
 
