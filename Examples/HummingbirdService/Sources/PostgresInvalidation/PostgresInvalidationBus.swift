@@ -22,7 +22,9 @@ import Synchronization
 ///   that fails or takes longer than a heartbeat as a lost connection, so a half-open TCP connection
 ///   is noticed too.
 /// - **A lost connection** (a server restart, a network cut) is retried with exponential backoff and
-///   jitter until ``run()`` is cancelled. Once `LISTEN` is in place again the bus delivers
+///   jitter until ``run()`` is cancelled. Connecting and putting `LISTEN` in place must take less
+///   than twice the heartbeat (at least 2 s), so that a server that accepts a connection and never
+///   answers does not stall the bus either. Once `LISTEN` is in place again the bus delivers
 ///   `.reconnected`: notifications sent meanwhile are lost (PostgreSQL keeps none for absent
 ///   listeners), so the invalidator invalidates everything it holds. `.reconnected` also follows the
 ///   first `LISTEN`, and opens every stream made by ``deliveries()`` while the bus listens, because a
@@ -43,6 +45,8 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
     private let listening: PostgresConnection.Configuration
     private let backoff: Backoff
     private let heartbeat: Duration
+    /// How long connecting and putting `LISTEN` in place may take: twice the heartbeat, at least 2 s.
+    private var setupTimeout: Duration { max(heartbeat * 2, .seconds(2)) }
     private let logger: Logger
     private let state = Mutex(State())
     private let metrics: BusMetrics
@@ -208,14 +212,24 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
         var hasListened = false
         while !Task.isCancelled {
             do {
-                let connection = try await PostgresConnection.connect(
-                    configuration: listening, id: 1, logger: logger)
+                let connection = try await withDeadline(setupTimeout) { [listening, logger] in
+                    try await PostgresConnection.connect(configuration: listening, id: 1, logger: logger)
+                }
                 do {
-                    try await connection.listen(on: channel) { notifications in
-                        failures = 0
-                        self.listeningStarted(afterGap: hasListened)
-                        hasListened = true
-                        try await self.receive(notifications, pinging: connection)
+                    try await withThrowingTaskGroup(of: Void.self) { group in
+                        // LISTEN must be in place within the setup timeout, or this connection is
+                        // not answering: closing it fails the LISTEN (which ignores cancellation).
+                        group.addTask { [setupTimeout] in
+                            try await Task.sleep(for: setupTimeout)
+                            if !self.isListening { try? await connection.close() }
+                        }
+                        defer { group.cancelAll() }
+                        try await connection.listen(on: channel) { notifications in
+                            failures = 0
+                            self.listeningStarted(afterGap: hasListened)
+                            hasListened = true
+                            try await self.receive(notifications, pinging: connection)
+                        }
                     }
                 } catch {
                     try? await connection.close()
@@ -281,7 +295,7 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
                             try await Task.sleep(for: heartbeat)
                             // No answer: close the connection, which fails the ping (a query in
                             // flight does not end on cancellation) and the notification stream.
-                            try? await connection.close()
+                            if !Task.isCancelled { try? await connection.close() }
                             return false
                         }
                         defer { ping.cancelAll() }
@@ -313,6 +327,28 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
         }
         metrics.received.increment()
         for subscriber in subscribers { subscriber.yield(.invalidate(invalidation)) }
+    }
+
+    /// `operation`'s result, or a `DeadlineExceeded` error after `timeout` (it is cancelled then).
+    private func withDeadline<Result: Sendable>(
+        _ timeout: Duration, _ operation: @escaping @Sendable () async throws -> Result
+    ) async throws -> Result {
+        try await withThrowingTaskGroup(of: Result?.self) { group in
+            group.addTask { try await operation() }
+            group.addTask {
+                try await Task.sleep(for: timeout)
+                return nil
+            }
+            defer { group.cancelAll() }
+            guard let result = try await group.next(), let result else { throw DeadlineExceeded(timeout: timeout) }
+            return result
+        }
+    }
+
+    /// Connecting took longer than the setup timeout.
+    private struct DeadlineExceeded: Error, CustomStringConvertible {
+        var timeout: Duration
+        var description: String { "the server did not answer within \(timeout)" }
     }
 
     /// The notification stream ended or a ping failed: the connection is gone.

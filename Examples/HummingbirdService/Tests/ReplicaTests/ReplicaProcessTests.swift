@@ -2,102 +2,106 @@ import AsyncHTTPClient
 import Foundation
 import Testing
 
-/// Three `hummingbird-service` processes sharing one PostgreSQL server: tenants live in its table and
-/// the replicas invalidate each other over `LISTEN`/`NOTIFY`. Real processes, real time.
-@Suite(.enabled(if: Server.isAvailable, "needs ASYNCSTATE_POSTGRES_URL: run bash .ci/replicas"), .serialized)
-struct ReplicaProcessTests {
-    static let writes = 100
-    static let restartBeforeWrite = 50
-    /// The tenants' expiry: the longest a replica may serve a configuration older than a write.
-    static let expiry = Duration.seconds(20)
+extension RealServerTests {
+    /// Three `hummingbird-service` processes sharing one PostgreSQL server: tenants live in its table and
+    /// the replicas invalidate each other over `LISTEN`/`NOTIFY`. Real processes, real time.
+    @Suite(.enabled(if: Server.isAvailable, "needs ASYNCSTATE_POSTGRES_URL: run bash .ci/replicas"), .serialized)
+    struct ReplicaProcessTests {
+        static let writes = 100
+        static let restartBeforeWrite = 50
+        /// The tenants' expiry: the longest a replica may serve a configuration older than a write.
+        static let expiry = Duration.seconds(20)
 
-    @Test(.timeLimit(.minutes(10)))
-    func afterEveryWriteAllThreeReplicasServeTheNewValueAndAPostgresRestartDoesNotStopThem() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("replicas-\(UUID())")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        let channel = uniqueChannel("replicas")
-        let tenant = "tenant-\(UInt32.random(in: 0...UInt32.max))"
-        let environment = [
-            "POSTGRES_URL": try #require(Server.url), "INVALIDATION_CHANNEL": channel,
-            "TENANT_EXPIRY": "\(Self.expiry.components.seconds)", "LOG_LEVEL": "warning", "UPSTREAM_LATENCY": "0.001",
-            "FAILURE_EXPIRY": "0.05", "RETRY_ATTEMPTS": "1",
-        ]
-        let replicas = try (1...3).map {
-            try Replica(name: "replica-\($0)", environment: environment, directory: directory)
-        }
-        let client = HTTPClient.shared
-        var stopped = false
-        defer {
-            if !stopped { for replica in replicas where replica.process.isRunning { replica.process.terminate() } }
-        }
-        let listening = "async_state_bus_listening{channel=\"\(channel)\"}"
-        for replica in replicas {
-            let up = try await eventually(timeout: .seconds(60)) {
-                try await replica.metric(listening, client: client) == 1
+        @Test(.timeLimit(.minutes(10)))
+        func afterEveryWriteAllThreeReplicasServeTheNewValueAndAPostgresRestartDoesNotStopThem() async throws {
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("replicas-\(UUID())")
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            let channel = uniqueChannel("replicas")
+            let tenant = "tenant-\(UInt32.random(in: 0...UInt32.max))"
+            let environment = [
+                "POSTGRES_URL": try #require(Server.url), "INVALIDATION_CHANNEL": channel,
+                "TENANT_EXPIRY": "\(Self.expiry.components.seconds)", "LOG_LEVEL": "warning",
+                "UPSTREAM_LATENCY": "0.001",
+                "FAILURE_EXPIRY": "0.05", "RETRY_ATTEMPTS": "1",
+            ]
+            let replicas = try (1...3).map {
+                try Replica(name: "replica-\($0)", environment: environment, directory: directory)
             }
-            try #require(up, "replica on port \(replica.port) never listened; see \(replica.log.path)")
-        }
-
-        var agreement: [Duration] = []
-        var restartedAgreement: Duration?
-        for write in 1...Self.writes {
-            if write == Self.restartBeforeWrite { try Server.restart() }
-            // A write through one replica, retried while the server is down (503).
-            let writer = replicas[write % replicas.count]
-            var version: Int?
-            let written = try await eventually(timeout: .seconds(60)) {
-                let (status, body) = try await client.call(
-                    "\(writer.base)/config/\(tenant)", method: .PUT, body: #"{"write":"\#(write)"}"#)
-                guard status == 200 else { return false }
-                version = try JSONDecoder().decode(Config.self, from: Data(body.utf8)).version
-                return true
+            let client = HTTPClient.shared
+            var stopped = false
+            defer {
+                if !stopped { for replica in replicas where replica.process.isRunning { replica.process.terminate() } }
             }
-            try #require(written, "write \(write) was not accepted for a minute")
-            let expected = try #require(version)
-            let start = ContinuousClock.now
-
-            // Every replica must serve it (or something newer) before the expiry.
+            let listening = "async_state_bus_listening{channel=\"\(channel)\"}"
             for replica in replicas {
-                let serves = try await eventually(timeout: Self.expiry) {
-                    let (status, body) = try await client.call("\(replica.base)/config/\(tenant)")
-                    guard status == 200, let config = try? JSONDecoder().decode(Config.self, from: Data(body.utf8))
-                    else { return false }
-                    return config.version >= expected
+                let up = try await eventually(timeout: .seconds(60)) {
+                    try await replica.metric(listening, client: client) == 1
                 }
-                try #require(
-                    serves,
-                    "replica on port \(replica.port) still served a version before \(expected) \(Self.expiry) after write \(write)"
-                )
+                try #require(up, "replica on port \(replica.port) never listened; see \(replica.log.path)")
             }
-            let elapsed = ContinuousClock.now - start
-            agreement.append(elapsed)
-            if write == Self.restartBeforeWrite { restartedAgreement = elapsed }
+
+            var agreement: [Duration] = []
+            var restartedAgreement: Duration?
+            for write in 1...Self.writes {
+                if write == Self.restartBeforeWrite { try Server.restart() }
+                // A write through one replica, retried while the server is down (503).
+                let writer = replicas[write % replicas.count]
+                var version: Int?
+                let written = try await eventually(timeout: .seconds(60)) {
+                    let (status, body) = try await client.call(
+                        "\(writer.base)/config/\(tenant)", method: .PUT, body: #"{"write":"\#(write)"}"#)
+                    guard status == 200 else { return false }
+                    version = try JSONDecoder().decode(Config.self, from: Data(body.utf8)).version
+                    return true
+                }
+                try #require(written, "write \(write) was not accepted for a minute")
+                let expected = try #require(version)
+                let start = ContinuousClock.now
+
+                // Every replica must serve it (or something newer) before the expiry.
+                for replica in replicas {
+                    let serves = try await eventually(timeout: Self.expiry) {
+                        let (status, body) = try await client.call("\(replica.base)/config/\(tenant)")
+                        guard status == 200, let config = try? JSONDecoder().decode(Config.self, from: Data(body.utf8))
+                        else { return false }
+                        return config.version >= expected
+                    }
+                    try #require(
+                        serves,
+                        "replica on port \(replica.port) still served a version before \(expected) \(Self.expiry) after write \(write)"
+                    )
+                }
+                let elapsed = ContinuousClock.now - start
+                agreement.append(elapsed)
+                if write == Self.restartBeforeWrite { restartedAgreement = elapsed }
+            }
+
+            // All three resumed listening after the restart, and none crashed.
+            for replica in replicas {
+                let reconnected = try await eventually(timeout: .seconds(10)) {
+                    try await replica.metric(
+                        "async_state_bus_reconnections_total{channel=\"\(channel)\"}", client: client)
+                        ?? 0 >= 1
+                }
+                #expect(reconnected, "replica on port \(replica.port) never reconnected; see \(replica.log.path)")
+                #expect(try await replica.metric(listening, client: client) == 1)
+            }
+            for replica in replicas { #expect(await replica.stop() == 0) }
+            stopped = true
+
+            let report = String(
+                format:
+                    "replicas: %d writes through 3 processes, time until all three serve the new value: p50 %.1f ms, p99 %.1f ms, max %.1f ms; the first write after the PostgreSQL restart: %.1f ms",
+                agreement.count, percentile(agreement, 50).milliseconds, percentile(agreement, 99).milliseconds,
+                agreement.max()!.milliseconds, restartedAgreement?.milliseconds ?? .nan)
+            print(report)
+            #expect(agreement.count == Self.writes)
+            #expect(agreement.allSatisfy { $0 < Self.expiry })
+            try? FileManager.default.removeItem(at: directory)
         }
 
-        // All three resumed listening after the restart, and none crashed.
-        for replica in replicas {
-            let reconnected = try await eventually(timeout: .seconds(10)) {
-                try await replica.metric("async_state_bus_reconnections_total{channel=\"\(channel)\"}", client: client)
-                    ?? 0 >= 1
-            }
-            #expect(reconnected, "replica on port \(replica.port) never reconnected; see \(replica.log.path)")
-            #expect(try await replica.metric(listening, client: client) == 1)
+        struct Config: Decodable {
+            var version: Int
         }
-        for replica in replicas { #expect(await replica.stop() == 0) }
-        stopped = true
-
-        let report = String(
-            format:
-                "replicas: %d writes through 3 processes, time until all three serve the new value: p50 %.1f ms, p99 %.1f ms, max %.1f ms; the first write after the PostgreSQL restart: %.1f ms",
-            agreement.count, percentile(agreement, 50).milliseconds, percentile(agreement, 99).milliseconds,
-            agreement.max()!.milliseconds, restartedAgreement?.milliseconds ?? .nan)
-        print(report)
-        #expect(agreement.count == Self.writes)
-        #expect(agreement.allSatisfy { $0 < Self.expiry })
-        try? FileManager.default.removeItem(at: directory)
-    }
-
-    struct Config: Decodable {
-        var version: Int
     }
 }

@@ -5,11 +5,16 @@ import NIOCore
 import NIOHTTP1
 import PostgresInvalidation
 import PostgresNIO
+import Synchronization
 import Testing
 
 #if canImport(Glibc)
 import Glibc
 #endif
+
+/// Every suite here, one at a time: they share a server (which one of them restarts), measure time,
+/// and must not load the machine for each other.
+@Suite(.serialized) enum RealServerTests {}
 
 /// The PostgreSQL server these tests run against, from the environment `bash .ci/replicas` sets:
 /// `ASYNCSTATE_POSTGRES_URL` (`postgres://user@host:port/database`) and `ASYNCSTATE_POSTGRES_DIR` (the
@@ -93,6 +98,54 @@ func freePort() throws -> Int {
     }
     try #require(bound)
     return Int(UInt16(bigEndian: address.sin_port))
+}
+
+/// A TCP server on 127.0.0.1 that accepts connections and never answers a byte (as a server behind
+/// a black hole would look), counting them.
+final class SilentServer: Sendable {
+    let port: Int
+    private let listener: Int32
+    private let accepted = Accepted()
+
+    private final class Accepted: Sendable {
+        let connections = Mutex<[Int32]>([])
+    }
+
+    init() throws {
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        try #require(descriptor >= 0)
+        listener = descriptor
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let listening = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+                bind(descriptor, pointer, length) == 0 && listen(descriptor, 16) == 0
+                    && getsockname(descriptor, pointer, &length) == 0
+            }
+        }
+        try #require(listening)
+        port = Int(UInt16(bigEndian: address.sin_port))
+        let accepted = accepted
+        Thread {
+            while true {
+                let connection = accept(descriptor, nil, nil)
+                if connection < 0 { return }  // stopped
+                accepted.connections.withLock { $0.append(connection) }
+            }
+        }.start()
+    }
+
+    /// Connections accepted so far.
+    var connections: Int { accepted.connections.withLock { $0.count } }
+
+    /// Stops accepting and closes every connection.
+    func stop() {
+        shutdown(listener, Int32(SHUT_RDWR))
+        close(listener)
+        for connection in accepted.connections.withLock({ $0 }) { close(connection) }
+    }
 }
 
 /// A `hummingbird-service` process, its output in a file.
