@@ -205,18 +205,24 @@ extension RealServerTests {
 /// Without a server: the bus keeps trying, and stops as soon as it is cancelled.
 extension RealServerTests {
     @Suite(.timeLimit(.minutes(1))) struct UnreachableServerTests {
-        @Test func aBusWithoutAServerRetriesAndStopsAtOnceWhenCancelled() async throws {
-            let port = try freePort()  // nothing listens there
-            let configuration = PostgresConnection.Configuration(
-                host: "127.0.0.1", port: port, username: "nobody", password: nil, database: "none", tls: .disable)
+        /// A bus (fast backoff) and its client, for a server on `port` of 127.0.0.1.
+        static func bus(port: Int, heartbeat: Duration = .seconds(5)) throws -> PostgresInvalidationBus {
+            let (user, database) = ("nobody", "none")
             let client = PostgresClient(
                 configuration: PostgresClient.Configuration(
-                    host: "127.0.0.1", port: port, username: "nobody", password: nil, database: "none", tls: .disable),
+                    host: "127.0.0.1", port: port, username: user, password: nil, database: database, tls: .disable),
                 backgroundLogger: quietLogger)
-            let bus = try PostgresInvalidationBus(
-                client: client, listening: configuration,
-                backoff: .init(initial: .milliseconds(10), maximum: .milliseconds(50)),
+            return try PostgresInvalidationBus(
+                client: client,
+                listening: PostgresConnection.Configuration(
+                    host: "127.0.0.1", port: port, username: user, password: nil, database: database, tls: .disable),
+                backoff: .init(initial: .milliseconds(10), maximum: .milliseconds(50)), heartbeat: heartbeat,
                 logger: quietLogger)
+        }
+
+        @Test func aBusWithoutAServerRetriesAndStopsAtOnceWhenCancelled() async throws {
+            let port = try freePort()  // nothing listens there
+            let bus = try Self.bus(port: port)
             let running = Task { try await bus.run() }
             var deliveries = bus.deliveries().makeAsyncIterator()
             try await Task.sleep(for: .milliseconds(300))
@@ -239,18 +245,8 @@ extension RealServerTests.UnreachableServerTests {
     @Test func aServerThatAcceptsAndNeverAnswersDoesNotStallTheBus() async throws {
         let server = try SilentServer()
         defer { server.stop() }
-        let configuration = PostgresConnection.Configuration(
-            host: "127.0.0.1", port: server.port, username: "nobody", password: nil, database: "none", tls: .disable)
-        let client = PostgresClient(
-            configuration: PostgresClient.Configuration(
-                host: "127.0.0.1", port: server.port, username: "nobody", password: nil, database: "none",
-                tls: .disable),
-            backgroundLogger: quietLogger)
         // A heartbeat of 100 ms: connecting and LISTEN get 2 s (the floor) before the bus gives up.
-        let bus = try PostgresInvalidationBus(
-            client: client, listening: configuration,
-            backoff: .init(initial: .milliseconds(10), maximum: .milliseconds(50)), heartbeat: .milliseconds(100),
-            logger: quietLogger)
+        let bus = try Self.bus(port: server.port, heartbeat: .milliseconds(100))
         let running = Task { try await bus.run() }
         // A stalled connection is abandoned after the setup timeout and another one is tried.
         #expect(await eventually(timeout: .seconds(10)) { server.connections >= 2 })

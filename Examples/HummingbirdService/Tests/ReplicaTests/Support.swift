@@ -81,11 +81,10 @@ func eventually(timeout: Duration, _ condition: () async throws -> Bool) async r
     return try await condition()
 }
 
-/// A TCP port on 127.0.0.1 that nothing listens on (the kernel's choice, released at once).
-func freePort() throws -> Int {
+/// A TCP socket bound to a port of the kernel's choice on 127.0.0.1 (listening if `listening`).
+func loopbackSocket(listening: Bool = false) throws -> (descriptor: Int32, port: Int) {
     let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     try #require(descriptor >= 0)
-    defer { close(descriptor) }
     var address = sockaddr_in()
     address.sin_family = sa_family_t(AF_INET)
     address.sin_addr.s_addr = inet_addr("127.0.0.1")
@@ -93,11 +92,22 @@ func freePort() throws -> Int {
     var length = socklen_t(MemoryLayout<sockaddr_in>.size)
     let bound = withUnsafeMutablePointer(to: &address) {
         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
-            bind(descriptor, pointer, length) == 0 && getsockname(descriptor, pointer, &length) == 0
+            bind(descriptor, pointer, length) == 0 && (!listening || listen(descriptor, 16) == 0)
+                && getsockname(descriptor, pointer, &length) == 0
         }
     }
-    try #require(bound)
-    return Int(UInt16(bigEndian: address.sin_port))
+    guard bound else {
+        close(descriptor)
+        throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)
+    }
+    return (descriptor, Int(UInt16(bigEndian: address.sin_port)))
+}
+
+/// A TCP port on 127.0.0.1 that nothing listens on (the kernel's choice, released at once).
+func freePort() throws -> Int {
+    let (descriptor, port) = try loopbackSocket()
+    close(descriptor)
+    return port
 }
 
 /// A TCP server on 127.0.0.1 that accepts connections and never answers a byte (as a server behind
@@ -112,21 +122,9 @@ final class SilentServer: Sendable {
     }
 
     init() throws {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        try #require(descriptor >= 0)
+        let (descriptor, port) = try loopbackSocket(listening: true)
         listener = descriptor
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let listening = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
-                bind(descriptor, pointer, length) == 0 && listen(descriptor, 16) == 0
-                    && getsockname(descriptor, pointer, &length) == 0
-            }
-        }
-        try #require(listening)
-        port = Int(UInt16(bigEndian: address.sin_port))
+        self.port = port
         let accepted = accepted
         Thread {
             while true {
