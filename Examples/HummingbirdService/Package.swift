@@ -81,7 +81,7 @@ let package = Package(
         .testTarget(
             name: "ReplicaTests",
             dependencies: [
-                "PostgresInvalidation",
+                "PostgresInvalidation", "StateService",
                 .product(name: "AsyncStateKit", package: library),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

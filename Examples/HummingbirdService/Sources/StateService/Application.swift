@@ -29,16 +29,16 @@ public func buildRouter(
         }
         return responder.response(for: try await catalog.profileSnapshot(id))
     }
+    /// The `{tenant}` parameter, if it is a valid tenant id.
+    @Sendable func tenantID(_ context: BasicRequestContext) -> String? {
+        context.parameters.get("tenant").flatMap { TenantConfig.isValidID($0) ? $0 : nil }
+    }
     router.get("/config/{tenant}") { _, context -> Response in
-        guard let id = context.parameters.get("tenant"), TenantConfig.isValidID(id) else {
-            return Response(status: .badRequest)
-        }
+        guard let id = tenantID(context) else { return Response(status: .badRequest) }
         return responder.response(for: try await catalog.tenantSnapshot(id))
     }
     router.put("/config/{tenant}") { request, context -> Response in
-        guard let id = context.parameters.get("tenant"), TenantConfig.isValidID(id) else {
-            return Response(status: .badRequest)
-        }
+        guard let id = tenantID(context) else { return Response(status: .badRequest) }
         let settings = try await request.decode(as: [String: String].self, context: context)
         let written: (TenantConfig, Catalog.Announcement)
         do {

@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import PostgresInvalidation
 import PostgresNIO
+import StateService
 import Synchronization
 import Testing
 
@@ -17,8 +18,9 @@ func withBuses(
     heartbeat: Duration = .milliseconds(500),
     _ body: @Sendable ([PostgresInvalidationBus], PostgresClient) async throws -> Void
 ) async throws {
-    let client = PostgresClient(configuration: try Server.clientConfiguration(), backgroundLogger: quietLogger)
-    let listening = try Server.connectionConfiguration()
+    let server = try Server.settings()
+    let client = PostgresClient(configuration: server.client, backgroundLogger: quietLogger)
+    let listening = server.connection
     let buses = try (0..<count).map { _ in
         try PostgresInvalidationBus(
             client: client, listening: listening, channel: channel, backoff: backoff,
@@ -184,9 +186,10 @@ extension RealServerTests {
         }
 
         @Test func aSubscriberThatJoinsWhileListeningStartsWithReconnectedAndStreamsEndWithTheBus() async throws {
-            let client = PostgresClient(configuration: try Server.clientConfiguration(), backgroundLogger: quietLogger)
+            let server = try Server.settings()
+            let client = PostgresClient(configuration: server.client, backgroundLogger: quietLogger)
             let bus = try PostgresInvalidationBus(
-                client: client, listening: try Server.connectionConfiguration(), channel: uniqueChannel("end"),
+                client: client, listening: server.connection, channel: uniqueChannel("end"),
                 logger: quietLogger)
             let running = Task { try await bus.run() }
             #expect(await eventually(timeout: .seconds(30)) { bus.isListening })
@@ -207,17 +210,11 @@ extension RealServerTests {
     @Suite(.timeLimit(.minutes(1))) struct UnreachableServerTests {
         /// A bus (fast backoff) and its client, for a server on `port` of 127.0.0.1.
         static func bus(port: Int, heartbeat: Duration = .seconds(5)) throws -> PostgresInvalidationBus {
-            let (user, database) = ("nobody", "none")
-            let client = PostgresClient(
-                configuration: PostgresClient.Configuration(
-                    host: "127.0.0.1", port: port, username: user, password: nil, database: database, tls: .disable),
-                backgroundLogger: quietLogger)
+            let server = try #require(PostgresSettings(url: "postgres://nobody@127.0.0.1:\(port)/none"))
             return try PostgresInvalidationBus(
-                client: client,
-                listening: PostgresConnection.Configuration(
-                    host: "127.0.0.1", port: port, username: user, password: nil, database: database, tls: .disable),
-                backoff: .init(initial: .milliseconds(10), maximum: .milliseconds(50)), heartbeat: heartbeat,
-                logger: quietLogger)
+                client: PostgresClient(configuration: server.client, backgroundLogger: quietLogger),
+                listening: server.connection, backoff: .init(initial: .milliseconds(10), maximum: .milliseconds(50)),
+                heartbeat: heartbeat, logger: quietLogger)
         }
 
         @Test func aBusWithoutAServerRetriesAndStopsAtOnceWhenCancelled() async throws {

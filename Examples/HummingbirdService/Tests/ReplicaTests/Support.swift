@@ -5,6 +5,7 @@ import NIOCore
 import NIOHTTP1
 import PostgresInvalidation
 import PostgresNIO
+import StateService
 import Synchronization
 import Testing
 
@@ -24,24 +25,9 @@ enum Server {
     static let directory = ProcessInfo.processInfo.environment["ASYNCSTATE_POSTGRES_DIR"]
     static var isAvailable: Bool { url != nil }
 
-    /// Host, port, user and database of ``url``.
-    static func components() throws -> (host: String, port: Int, user: String, database: String) {
-        let url = try #require(Server.url.flatMap(URLComponents.init(string:)), "ASYNCSTATE_POSTGRES_URL")
-        return (
-            try #require(url.host), url.port ?? 5432, try #require(url.user), String(url.path.drop { $0 == "/" })
-        )
-    }
-
-    static func clientConfiguration() throws -> PostgresClient.Configuration {
-        let (host, port, user, database) = try components()
-        return PostgresClient.Configuration(
-            host: host, port: port, username: user, password: nil, database: database, tls: .disable)
-    }
-
-    static func connectionConfiguration() throws -> PostgresConnection.Configuration {
-        let (host, port, user, database) = try components()
-        return PostgresConnection.Configuration(
-            host: host, port: port, username: user, password: nil, database: database, tls: .disable)
+    /// Where ``url`` points, parsed as the service parses `POSTGRES_URL`.
+    static func settings() throws -> PostgresSettings {
+        try #require(Server.url.flatMap(PostgresSettings.init(url:)), "ASYNCSTATE_POSTGRES_URL")
     }
 
     /// Stops the server (a fast shutdown: every connection is cut) and starts it again.
