@@ -60,6 +60,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         // Without a weigher an entry with a value weighs 1.
         let weigher = maximumWeight == nil ? nil : weigher ?? { _, _ in 1 }
         let maximumWeight = maximumWeight.map { max(0, $0) }
+        let idleExpiry = idleExpiry.flatMap { $0 > .zero ? $0.clampedToLimits : nil }
         shards = (0..<shardCount).map { index in
             // Each shard's policy is sized for its share of the capacity, and holds its share of the
             // maximum weight.
@@ -67,12 +68,12 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
                 Shard(
                     capacity: capacity / shardCount + (index < capacity % shardCount ? 1 : 0),
                     weightLimit: maximumWeight.map { $0 / shardCount + (index < $0 % shardCount ? 1 : 0) },
-                    weigher: weigher))
+                    weigher: weigher, tracksIdle: idleExpiry != nil))
         }
         isWeighed = maximumWeight != nil
         shardMask = shardCount - 1
         self.capacity = capacity
-        self.idleExpiry = idleExpiry.flatMap { $0 > .zero ? $0.clampedToLimits : nil }
+        self.idleExpiry = idleExpiry
         self.configuration = configuration
         hitWindow = configuration.refreshAfter ?? configuration.expiry
         self.clock = clock
@@ -323,7 +324,8 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         sweeper.withLock { $0.task = task }
     }
 
-    /// When the oldest entry becomes idle; `nil` (and the sweeper stops) when there is no entry.
+    /// When the oldest entry may have become idle (never later; see ``FamilyShard``); `nil` (and the
+    /// sweeper stops) when there is no entry.
     private func nextSweep() -> Duration? {
         guard let idleExpiry else { return nil }
         return sweeper.withLock { sweeper in

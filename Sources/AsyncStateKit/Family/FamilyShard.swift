@@ -15,8 +15,19 @@ import Foundation
 ///   were used recently (a ``FrequencySketch``), and the less popular goes. A scan of keys used once,
 ///   or a burst of one-hit wonders, so never pushes out the keys that are used again and again.
 ///
-/// Each list is in access order, so the least recently used entry of the shard is the oldest of the
-/// three lists' last entries: idle expiry reads it there.
+/// A hit does not reorder the lists itself: it writes its instant on the entry and notes the entry in a
+/// small buffer, which is applied (sketch counts and list moves, in the order of the hits) before
+/// anything that reads or changes the lists — a new entry, an eviction, a removal, a pin — and once
+/// every ``readBatch`` hits. A run of hits with none of those notes the first ``readBufferSize`` of
+/// every ``readBatch`` and drops the rest from the policy (the hit still counts for idle expiry), as
+/// Caffeine's read buffer drops reads it has no room for: the lists and counts are then a sample, which
+/// is all W-TinyLFU needs, and a hit costs no list or sketch work.
+///
+/// Idle expiry therefore does not read the lists. With an idle expiry, a binary heap holds every entry
+/// by a lower bound of its last access (when it was made, or when the sweep last looked at it): its
+/// root tells when the sweep may next find an idle entry — never later than the first one, maybe
+/// earlier — and the sweep removes the entries idle by their true last access and places the others
+/// by it. Each entry is so looked at about once per idle expiry, however often it is hit.
 ///
 /// An entry is **live** — a store, as an ``AsyncState`` has — while someone uses it (a caller between
 /// ``pin(_:at:make:)`` and ``unpin(_:)``, a fetch in flight, an `updates` subscriber) or while its
@@ -50,6 +61,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         @usableFromInline var older: Int32 = -1
         /// Callers between `pin` and `unpin`.
         @usableFromInline var users: Int32 = 0
+        /// Its position in the idle heap (-1 without an idle expiry).
+        @usableFromInline var heapPosition: Int32 = -1
         /// Its list (see ``Segment``).
         @usableFromInline var segment: UInt8 = Segment.window
         /// Its key's hash, for the frequency sketch.
@@ -68,6 +81,13 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         var lastError: (any Error)?
         var lastSuccess: Date?
         var successCount: Int
+    }
+
+    /// An entry in the idle heap: its slot, and a lower bound of its last access (see the type's
+    /// documentation).
+    struct IdleNode {
+        var since: Duration
+        var slot: Int32
     }
 
     /// An entry that left the shard, for the removal callback (called after the lock is released).
@@ -102,6 +122,18 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     @usableFromInline let windowLimit: Int
     @usableFromInline let protectedLimit: Int
     @usableFromInline var sketch: FrequencySketch
+    /// The hits noted since the policy last applied them (the first `pendingReads` slots), and every
+    /// hit since then, noted or not.
+    @usableFromInline var reads: [Int32]
+    @usableFromInline var pendingReads = 0
+    @usableFromInline var hitsSinceApplied = 0
+    /// How many hits the buffer notes, and after how many hits a hit applies it.
+    @usableFromInline static var readBufferSize: Int { 64 }
+    @usableFromInline static var readBatch: Int { 1_024 }
+    /// Every entry by a lower bound of its last access, least first (a binary heap), when
+    /// `tracksIdle`.
+    var idleHeap: [IdleNode] = []
+    let tracksIdle: Bool
     /// The share of the family's capacity this shard is sized for.
     let capacity: Int
     /// The share of the family's maximum weight this shard may hold, and how an entry is weighed;
@@ -109,9 +141,14 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     let weightLimit: Int?
     let weigher: (@Sendable (Key, Value) -> Int)?
 
-    init(capacity: Int, weightLimit: Int? = nil, weigher: (@Sendable (Key, Value) -> Int)? = nil) {
+    init(
+        capacity: Int, weightLimit: Int? = nil, weigher: (@Sendable (Key, Value) -> Int)? = nil,
+        tracksIdle: Bool = false
+    ) {
         self.weightLimit = weightLimit
         self.weigher = weigher
+        self.tracksIdle = tracksIdle
+        reads = Array(repeating: 0, count: Self.readBufferSize)
         for segment in 0..<Self.sentinels {
             keys.append(nil)
             var sentinel = Link(lastAccess: .zero, hash: 0)
@@ -139,7 +176,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     @inlinable
     mutating func freshValue(of key: Key, at now: Duration, hitWindow: Duration) -> Value? {
         guard let slot = index[key] else { return nil }
-        touch(slot, at: now)
+        hit(slot, at: now)
         let i = Int(slot)
         if let store = stores[i] { return store.cell.freshValue(at: now) ?? nil }
         return isWithinExpiry(since: freshSince[i], at: now, expiry: hitWindow) ? values[i] : nil
@@ -149,13 +186,34 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// recording the access), read under this shard's lock.
     mutating func freshSnapshot(of key: Key, at now: Duration, hitWindow: Duration) -> AsyncSnapshot<Value?>? {
         guard let slot = index[key] else { return nil }
-        touch(slot, at: now)
+        hit(slot, at: now)
         let i = Int(slot)
         if let store = stores[i] { return store.cell.freshSnapshot(at: now) }
         guard isWithinExpiry(since: freshSince[i], at: now, expiry: hitWindow),
             case .compact(let settled) = entry(at: i)
         else { return nil }
         return settled.snapshot(isExpired: false)
+    }
+
+    /// A hit on the entry at `slot` at `now`: its last access is written; the policy's work is noted
+    /// in the read buffer if it has room (see the type's documentation).
+    @inlinable
+    mutating func hit(_ slot: Int32, at now: Duration) {
+        links[Int(slot)].lastAccess = now
+        if pendingReads < Self.readBufferSize {
+            reads[pendingReads] = slot
+            pendingReads &+= 1
+        }
+        hitsSinceApplied &+= 1
+        if hitsSinceApplied >= Self.readBatch { applyReads() }
+    }
+
+    /// Applies the hits noted in the read buffer to the policy, in their order.
+    @usableFromInline
+    mutating func applyReads() {
+        for position in 0..<pendingReads { reorder(reads[position]) }
+        pendingReads = 0
+        hitsSinceApplied = 0
     }
 
     // MARK: Entries
@@ -306,6 +364,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// entries (in use, or with a flight in flight) are skipped, and so is `sparing` (an entry just
     /// made, whose caller is about to fetch). Returns how many it evicted.
     mutating func evict(_ excess: Int, sparing: Key? = nil, into removed: inout [Removed]) -> Int {
+        applyReads()
         var evicted = 0
         while evicted < excess || isOverweight, let slot = evictionChoice(sparing: sparing) {
             removed.append(Removed(key: keys[Int(slot)]!, value: value(at: Int(slot)), reason: .evicted))
@@ -342,35 +401,30 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
             ?? first(in: Segment.window, fromOldest: true, where: mayGo)
     }
 
-    /// Removes the entries last accessed at or before `deadline` (idle), oldest first. A busy one is
-    /// in use: it counts as accessed `now` instead. Returns how many it removed.
+    /// Removes the entries last accessed at or before `deadline` (idle), in the heap's order. A busy
+    /// one is in use: it counts as accessed `now` instead. An entry whose heap place is older than
+    /// its last access is placed by its last access. Returns how many it removed. Needs `tracksIdle`.
     mutating func removeIdle(accessedBy deadline: Duration, now: Duration, into removed: inout [Removed]) -> Int {
         var count = 0
-        while let slot = leastRecentlyUsed, links[Int(slot)].lastAccess <= deadline {
-            if isBusy(Int(slot)) {
-                touch(slot, at: now)
+        while let root = idleHeap.first, root.since <= deadline {
+            let i = Int(root.slot)
+            if links[i].lastAccess > deadline {
+                raiseRoot(to: links[i].lastAccess)
+            } else if isBusy(i) {
+                links[i].lastAccess = now
+                raiseRoot(to: now)
             } else {
-                removed.append(Removed(key: keys[Int(slot)]!, value: value(at: Int(slot)), reason: .idle))
-                remove(slot)
+                removed.append(Removed(key: keys[i]!, value: value(at: i), reason: .idle))
+                remove(root.slot)
                 count += 1
             }
         }
         return count
     }
 
-    /// The last access of the least recently used entry, or `nil` when the shard is empty.
-    var oldestAccess: Duration? { leastRecentlyUsed.map { links[Int($0)].lastAccess } }
-
-    /// The least recently used entry of the shard: the oldest of the three lists' last entries.
-    private var leastRecentlyUsed: Int32? {
-        var oldest: Int32?
-        for sentinel in 0..<Int(Self.sentinels) {
-            let last = links[sentinel].newer
-            guard last != Int32(sentinel) else { continue }
-            if oldest.map({ links[Int(last)].lastAccess < links[Int($0)].lastAccess }) ?? true { oldest = last }
-        }
-        return oldest
-    }
+    /// A lower bound of the oldest last access in the shard (the idle heap's root), or `nil` when the
+    /// shard is empty or does not track idle entries. The sweep is due when it becomes idle.
+    var oldestAccess: Duration? { idleHeap.first?.since }
 
     /// Removes `key`'s entry; returns it.
     mutating func remove(_ key: Key) -> Leaving? {
@@ -383,7 +437,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// Removes every entry; returns them.
     mutating func removeAll() -> [Leaving] {
         let all = entries
-        self = FamilyShard(capacity: capacity, weightLimit: weightLimit, weigher: weigher)
+        self = FamilyShard(capacity: capacity, weightLimit: weightLimit, weigher: weigher, tracksIdle: tracksIdle)
         return all
     }
 
@@ -397,6 +451,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// A slot for a new entry of `key`, used at `now`, as the most recently used (its contents are
     /// set by the caller).
     mutating func allocate(_ key: Key, at now: Duration) -> Int32 {
+        applyReads()
         let slot: Int32
         let hash = key.hashValue
         if let free = freeSlots.popLast() {
@@ -414,6 +469,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
             weights.append(0)
         }
         index[key] = slot
+        if tracksIdle { pushIdle(slot, since: now) }
         sketch.increment(hash)
         link(slot, into: Segment.window)
         // The window is full: its least recently used entry goes to probation, as a candidate.
@@ -425,8 +481,10 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     mutating func remove(_ slot: Int32) {
+        applyReads()
         unlink(slot)
         let i = Int(slot)
+        if tracksIdle { removeIdleNode(at: Int(links[i].heapPosition)) }
         index[keys[i]!] = nil
         keys[i] = nil
         stores[i] = nil
@@ -438,13 +496,20 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         freeSlots.append(slot)
     }
 
-    /// A use of the entry at `slot` at `now`: counted in the sketch; the entry becomes the most
-    /// recently used of its list — or, from probation, of protected (whose least recently used entry
-    /// then falls back to probation if protected is full).
-    @inlinable
+    /// A use of the entry at `slot` at `now` other than a hit (a pin, a `set`): the hits noted before
+    /// it are applied, then it is, at once.
     mutating func touch(_ slot: Int32, at now: Duration) {
+        applyReads()
+        links[Int(slot)].lastAccess = now
+        reorder(slot)
+    }
+
+    /// The policy's work for a use of the entry at `slot`: counted in the sketch; the entry becomes
+    /// the most recently used of its list — or, from probation, of protected (whose least recently
+    /// used entry then falls back to probation if protected is full).
+    @usableFromInline
+    mutating func reorder(_ slot: Int32) {
         let i = Int(slot)
-        links[i].lastAccess = now
         sketch.increment(links[i].hash)
         let segment = links[i].segment
         if segment == Segment.probation {
@@ -462,7 +527,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// Puts the entry at `slot` at the most recent end of list `segment`.
-    @inlinable
+    @usableFromInline
     mutating func link(_ slot: Int32, into segment: UInt8) {
         let (i, sentinel) = (Int(slot), Int32(segment))
         let newest = links[Int(sentinel)].older
@@ -475,7 +540,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// Takes the entry at `slot` off its list.
-    @inlinable
+    @usableFromInline
     mutating func unlink(_ slot: Int32) {
         let i = Int(slot)
         let (newer, older) = (links[i].newer, links[i].older)
@@ -485,13 +550,74 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// Counts `change` entries on list `segment` (only the window's and protected's are kept).
-    @inlinable
+    @usableFromInline
     mutating func count(_ segment: UInt8, _ change: Int) {
         if segment == Segment.window {
             windowCount += change
         } else if segment == Segment.protected {
             protectedCount += change
         }
+    }
+
+    // MARK: The idle heap
+
+    /// Adds the entry at `slot` to the idle heap, as last accessed at `since`.
+    private mutating func pushIdle(_ slot: Int32, since: Duration) {
+        idleHeap.append(IdleNode(since: since, slot: slot))
+        links[Int(slot)].heapPosition = Int32(idleHeap.count - 1)
+        siftUp(idleHeap.count - 1)
+    }
+
+    /// Takes the node at `position` out of the idle heap.
+    private mutating func removeIdleNode(at position: Int) {
+        let last = idleHeap.count - 1
+        links[Int(idleHeap[position].slot)].heapPosition = -1
+        guard position != last else {
+            idleHeap.removeLast()
+            return
+        }
+        idleHeap[position] = idleHeap.removeLast()
+        links[Int(idleHeap[position].slot)].heapPosition = Int32(position)
+        siftDown(siftUp(position))
+    }
+
+    /// Places the root of the idle heap by `since`, a later instant than its own.
+    private mutating func raiseRoot(to since: Duration) {
+        idleHeap[0].since = since
+        siftDown(0)
+    }
+
+    /// Moves the node at `position` up while it is older than its parent; returns where it ends.
+    @discardableResult
+    private mutating func siftUp(_ position: Int) -> Int {
+        var position = position
+        while position > 0 {
+            let parent = (position - 1) / 2
+            guard idleHeap[position].since < idleHeap[parent].since else { break }
+            swapIdleNodes(position, parent)
+            position = parent
+        }
+        return position
+    }
+
+    /// Moves the node at `position` down while a child is older.
+    private mutating func siftDown(_ position: Int) {
+        var position = position
+        while true {
+            let (left, right) = (2 * position + 1, 2 * position + 2)
+            var least = position
+            if left < idleHeap.count, idleHeap[left].since < idleHeap[least].since { least = left }
+            if right < idleHeap.count, idleHeap[right].since < idleHeap[least].since { least = right }
+            guard least != position else { return }
+            swapIdleNodes(position, least)
+            position = least
+        }
+    }
+
+    private mutating func swapIdleNodes(_ a: Int, _ b: Int) {
+        idleHeap.swapAt(a, b)
+        links[Int(idleHeap[a].slot)].heapPosition = Int32(a)
+        links[Int(idleHeap[b].slot)].heapPosition = Int32(b)
     }
 }
 
