@@ -95,7 +95,11 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// access at `now` if it has an entry.
     @inlinable
     func freshValue(of key: Key, at now: Duration) -> Value? {
-        let fresh = shard(for: key).withLock { $0.freshValue(of: key, at: now, hitWindow: hitWindow) }
+        let hash = key.hashValue
+        // Through the buffer: the shard is borrowed, not retained and released.
+        let fresh = shards.withUnsafeBufferPointer { shards in
+            shards[hash & shardMask].withLock { $0.freshValue(of: key, hash: hash, at: now, hitWindow: hitWindow) }
+        }
         if isObserved, fresh != nil { observeHit(of: key) }
         return fresh
     }

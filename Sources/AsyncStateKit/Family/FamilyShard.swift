@@ -52,11 +52,30 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         case live(Store)
     }
 
-    /// An entry's place on its list, when it was last used, how many callers use it now and its key's
-    /// hash: plain data, so that the hit path updates it in place.
+    /// What the hit path reads and writes of an entry, together (one or two cache lines): its key,
+    /// when it was last used, and its store or its value and freshness. A free slot has no key.
+    @usableFromInline
+    struct Record {
+        @usableFromInline var key: Key?
+        @usableFromInline var lastAccess: Duration = .zero
+        /// A compact entry's value and when it became fresh (`nil` for a live entry, whose store has
+        /// them).
+        @usableFromInline var freshSince: Duration?
+        @usableFromInline var value: Value?
+        /// A live entry's store.
+        @usableFromInline var store: Store?
+
+        @usableFromInline
+        init(key: Key?, lastAccess: Duration) {
+            self.key = key
+            self.lastAccess = lastAccess
+        }
+    }
+
+    /// An entry's place on its list, how many callers use it now and its key's hash: plain data, read
+    /// and changed off the hit path.
     @usableFromInline
     struct Link {
-        @usableFromInline var lastAccess: Duration
         @usableFromInline var newer: Int32 = -1
         @usableFromInline var older: Int32 = -1
         /// Callers between `pin` and `unpin`.
@@ -69,8 +88,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         @usableFromInline var hash: Int
 
         @usableFromInline
-        init(lastAccess: Duration, hash: Int) {
-            self.lastAccess = lastAccess
+        init(hash: Int) {
             self.hash = hash
         }
     }
@@ -97,14 +115,11 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         var reason: AsyncStateFamilyRemovalReason
     }
 
-    // The entries, by slot, in parallel arrays (a free slot has no key). A live entry has a store; a
-    // compact one has its value, freshness and metadata here instead.
-    @usableFromInline var index: [Key: Int32] = [:]
-    @usableFromInline var keys: [Key?] = []
+    // The entries, by slot, in parallel arrays (a free slot has no key): what the hit path reads, the
+    // lists, what a compact entry keeps off the hit path, and the weights.
+    @usableFromInline var index = SlotIndex()
+    @usableFromInline var records: [Record] = []
     @usableFromInline var links: [Link] = []
-    @usableFromInline var stores: [Store?] = []
-    @usableFromInline var values: [Value?] = []
-    @usableFromInline var freshSince: [Duration?] = []
     var metadata: [Metadata?] = []
     /// Each entry's weight (0 without a weigher or a value), and their sum.
     var weights: [Int] = []
@@ -150,13 +165,10 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         self.tracksIdle = tracksIdle
         reads = Array(repeating: 0, count: Self.readBufferSize)
         for segment in 0..<Self.sentinels {
-            keys.append(nil)
-            var sentinel = Link(lastAccess: .zero, hash: 0)
+            records.append(Record(key: nil, lastAccess: .zero))
+            var sentinel = Link(hash: 0)
             (sentinel.newer, sentinel.older, sentinel.segment) = (segment, segment, UInt8(segment))
             links.append(sentinel)
-            stores.append(nil)
-            values.append(nil)
-            freshSince.append(nil)
             metadata.append(nil)
             weights.append(0)
         }
@@ -168,28 +180,41 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     var count: Int { index.count }
 
+    /// The slot of `key`, whose hash is `hash`.
+    @inlinable
+    func slot(of key: Key, hash: Int) -> Int32? {
+        records.withUnsafeBufferPointer { records in
+            index.find(hash) { records[Int($0)].key == key }
+        }
+    }
+
+    /// The slot of `key`.
+    func slot(of key: Key) -> Int32? { slot(of: key, hash: key.hashValue) }
+
     // MARK: Hits
 
     /// The hit path: if `key` has an entry, records the access at `now` and returns its value if it
     /// is fresh and was not fresh for `hitWindow` or longer (the refresh-ahead age, or the expiry).
     /// A live entry is read without being retained.
     @inlinable
-    mutating func freshValue(of key: Key, at now: Duration, hitWindow: Duration) -> Value? {
-        guard let slot = index[key] else { return nil }
+    mutating func freshValue(of key: Key, hash: Int, at now: Duration, hitWindow: Duration) -> Value? {
+        guard let slot = slot(of: key, hash: hash) else { return nil }
         hit(slot, at: now)
-        let i = Int(slot)
-        if let store = stores[i] { return store.cell.freshValue(at: now) ?? nil }
-        return isWithinExpiry(since: freshSince[i], at: now, expiry: hitWindow) ? values[i] : nil
+        return records.withUnsafeBufferPointer { records in
+            let i = Int(slot)
+            if let store = records[i].store { return store.cell.freshValue(at: now) ?? nil }
+            return isWithinExpiry(since: records[i].freshSince, at: now, expiry: hitWindow) ? records[i].value : nil
+        }
     }
 
     /// The snapshot of `key`'s entry if its data is fresh at `now` (as ``freshValue(of:at:hitWindow:)``,
     /// recording the access), read under this shard's lock.
     mutating func freshSnapshot(of key: Key, at now: Duration, hitWindow: Duration) -> AsyncSnapshot<Value?>? {
-        guard let slot = index[key] else { return nil }
+        guard let slot = slot(of: key) else { return nil }
         hit(slot, at: now)
         let i = Int(slot)
-        if let store = stores[i] { return store.cell.freshSnapshot(at: now) }
-        guard isWithinExpiry(since: freshSince[i], at: now, expiry: hitWindow),
+        if let store = records[i].store { return store.cell.freshSnapshot(at: now) }
+        guard isWithinExpiry(since: records[i].freshSince, at: now, expiry: hitWindow),
             case .compact(let settled) = entry(at: i)
         else { return nil }
         return settled.snapshot(isExpired: false)
@@ -199,7 +224,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// in the read buffer if it has room (see the type's documentation).
     @inlinable
     mutating func hit(_ slot: Int32, at now: Duration) {
-        links[Int(slot)].lastAccess = now
+        records[Int(slot)].lastAccess = now
         if pendingReads < Self.readBufferSize {
             reads[pendingReads] = slot
             pendingReads &+= 1
@@ -209,7 +234,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// Applies the hits noted in the read buffer to the policy, in their order.
-    @usableFromInline
+    @inlinable
     mutating func applyReads() {
         for position in 0..<pendingReads { reorder(reads[position]) }
         pendingReads = 0
@@ -220,37 +245,37 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     /// The entry at `slot`.
     func entry(at slot: Int) -> Entry {
-        if let store = stores[slot] { return .live(store) }
+        if let store = records[slot].store { return .live(store) }
         let metadata = metadata[slot]!
         return .compact(
             Settled(
-                value: values[slot], phase: metadata.phase, freshSince: freshSince[slot],
+                value: records[slot].value, phase: metadata.phase, freshSince: records[slot].freshSince,
                 lastError: metadata.lastError, lastSuccess: metadata.lastSuccess, successCount: metadata.successCount))
     }
 
     /// The latest value of the entry at `slot`.
     func value(at slot: Int) -> Value? {
-        stores[slot].map { $0.cell.value } ?? values[slot]
+        records[slot].store.map { $0.cell.value } ?? records[slot].value
     }
 
     /// Whether the entry at `slot` is in use: never evicted nor dropped as idle then.
     func isBusy(_ slot: Int) -> Bool {
-        links[slot].users > 0 || stores[slot]?.isBusy == true
+        links[slot].users > 0 || records[slot].store?.isBusy == true
     }
 
     /// Makes the entry at `slot` live with `store`.
     private mutating func makeLive(_ slot: Int, _ store: Store) {
-        stores[slot] = store
-        values[slot] = nil
-        freshSince[slot] = nil
+        records[slot].store = store
+        records[slot].value = nil
+        records[slot].freshSince = nil
         metadata[slot] = nil
     }
 
     /// Makes the entry at `slot` compact with `settled`.
     private mutating func makeCompact(_ slot: Int, _ settled: Settled) {
-        stores[slot] = nil
-        values[slot] = settled.value
-        freshSince[slot] = settled.freshSince
+        records[slot].store = nil
+        records[slot].value = settled.value
+        records[slot].freshSince = settled.freshSince
         metadata[slot] = Metadata(
             phase: settled.phase, lastError: settled.lastError, lastSuccess: settled.lastSuccess,
             successCount: settled.successCount)
@@ -264,11 +289,11 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     mutating func pin(
         _ key: Key, at now: Duration, make: () -> Store, restore: (Settled) -> Store
     ) -> (store: Store, inserted: Bool) {
-        if let slot = index[key] {
+        if let slot = slot(of: key) {
             touch(slot, at: now)
             let i = Int(slot)
             links[i].users += 1
-            if let store = stores[i] { return (store, false) }
+            if let store = records[i].store { return (store, false) }
             let store = restore(entry(at: i).settled!)
             makeLive(i, store)
             return (store, false)
@@ -283,18 +308,18 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// A caller is done with `key`'s store: if nobody else uses it and its state is settled, the
     /// entry becomes compact.
     mutating func unpin(_ key: Key) {
-        guard let slot = index[key] else { return }  // removed meanwhile
+        guard let slot = slot(of: key) else { return }  // removed meanwhile
         let i = Int(slot)
         links[i].users -= 1
         weigh(i)
-        guard links[i].users == 0, let store = stores[i], let settled = store.settledState else { return }
+        guard links[i].users == 0, let store = records[i].store, let settled = store.settledState else { return }
         makeCompact(i, settled)
     }
 
     /// Weighs the entry at `slot` again (its value may have changed). Without a weigher, nothing.
     private mutating func weigh(_ slot: Int) {
         guard let weigher else { return }
-        let weight = value(at: slot).map { max(0, weigher(keys[slot]!, $0)) } ?? 0
+        let weight = value(at: slot).map { max(0, weigher(records[slot].key!, $0)) } ?? 0
         totalWeight += weight - weights[slot]
         weights[slot] = weight
     }
@@ -309,7 +334,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         done: Bool, inserted: Bool, replaced: Value?
     ) {
         let phase: AsyncPhase = isEmpty ? .empty : .success(date)
-        guard let slot = index[key] else {
+        guard let slot = slot(of: key) else {
             let slot = Int(allocate(key, at: now))
             makeCompact(
                 slot,
@@ -319,11 +344,11 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
             return (true, true, nil)
         }
         let i = Int(slot)
-        guard links[i].users == 0, stores[i] == nil else { return (false, false, nil) }
-        let replaced = values[i]
+        guard links[i].users == 0, records[i].store == nil else { return (false, false, nil) }
+        let replaced = records[i].value
         // `set` keeps the metadata (last error, last success, success count).
-        values[i] = value
-        freshSince[i] = now
+        records[i].value = value
+        records[i].freshSince = now
         metadata[i]!.phase = phase
         weigh(i)
         touch(slot, at: now)
@@ -334,15 +359,15 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// `.compact`; returns a live entry's store instead (for the caller to invalidate); `nil` without
     /// an entry.
     mutating func invalidateIfCompact(_ key: Key) -> Entry? {
-        guard let slot = index[key] else { return nil }
-        if let store = stores[Int(slot)] { return .live(store) }
-        freshSince[Int(slot)] = nil
+        guard let slot = slot(of: key) else { return nil }
+        if let store = records[Int(slot)].store { return .live(store) }
+        records[Int(slot)].freshSince = nil
         return entry(at: Int(slot))
     }
 
     /// The entry of `key`, if any (no access is recorded).
     func peek(_ key: Key) -> Entry? {
-        index[key].map { entry(at: Int($0)) }
+        slot(of: key).map { entry(at: Int($0)) }
     }
 
     // MARK: Removing entries
@@ -367,7 +392,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         applyReads()
         var evicted = 0
         while evicted < excess || isOverweight, let slot = evictionChoice(sparing: sparing) {
-            removed.append(Removed(key: keys[Int(slot)]!, value: value(at: Int(slot)), reason: .evicted))
+            removed.append(Removed(key: records[Int(slot)].key!, value: value(at: Int(slot)), reason: .evicted))
             remove(slot)
             evicted += 1
         }
@@ -379,7 +404,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// recently (the candidate on a tie: the incumbent stays). With nothing in probation that may
     /// go, the least recently used of protected, then of the window. `nil` when every entry is busy.
     private func evictionChoice(sparing: Key?) -> Int32? {
-        func mayGo(_ slot: Int32) -> Bool { keys[Int(slot)]! != sparing && !isBusy(Int(slot)) }
+        func mayGo(_ slot: Int32) -> Bool { records[Int(slot)].key! != sparing && !isBusy(Int(slot)) }
         func first(in segment: UInt8, fromOldest: Bool, where include: (Int32) -> Bool) -> Int32? {
             let sentinel = Int32(segment)
             var slot = fromOldest ? links[Int(sentinel)].newer : links[Int(sentinel)].older
@@ -408,13 +433,13 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         var count = 0
         while let root = idleHeap.first, root.since <= deadline {
             let i = Int(root.slot)
-            if links[i].lastAccess > deadline {
-                raiseRoot(to: links[i].lastAccess)
+            if records[i].lastAccess > deadline {
+                raiseRoot(to: records[i].lastAccess)
             } else if isBusy(i) {
-                links[i].lastAccess = now
+                records[i].lastAccess = now
                 raiseRoot(to: now)
             } else {
-                removed.append(Removed(key: keys[i]!, value: value(at: i), reason: .idle))
+                removed.append(Removed(key: records[i].key!, value: value(at: i), reason: .idle))
                 remove(root.slot)
                 count += 1
             }
@@ -428,7 +453,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     /// Removes `key`'s entry; returns it.
     mutating func remove(_ key: Key) -> Leaving? {
-        guard let slot = index[key] else { return nil }
+        guard let slot = slot(of: key) else { return nil }
         let leaving = Leaving(key: key, entry: entry(at: Int(slot)))
         remove(slot)
         return leaving
@@ -443,7 +468,9 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     /// Every entry, in no particular order.
     var entries: [Leaving] {
-        index.map { key, slot in Leaving(key: key, entry: entry(at: Int(slot))) }
+        records.indices.compactMap { slot in
+            records[slot].key.map { Leaving(key: $0, entry: entry(at: slot)) }
+        }
     }
 
     // MARK: The list
@@ -456,19 +483,16 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         let hash = key.hashValue
         if let free = freeSlots.popLast() {
             slot = free
-            keys[Int(slot)] = key
-            links[Int(slot)] = Link(lastAccess: now, hash: hash)
+            records[Int(slot)] = Record(key: key, lastAccess: now)
+            links[Int(slot)] = Link(hash: hash)
         } else {
-            slot = Int32(keys.count)
-            keys.append(key)
-            links.append(Link(lastAccess: now, hash: hash))
-            stores.append(nil)
-            values.append(nil)
-            freshSince.append(nil)
+            slot = Int32(records.count)
+            records.append(Record(key: key, lastAccess: now))
+            links.append(Link(hash: hash))
             metadata.append(nil)
             weights.append(0)
         }
-        index[key] = slot
+        index.insert(hash, slot: slot)
         if tracksIdle { pushIdle(slot, since: now) }
         sketch.increment(hash)
         link(slot, into: Segment.window)
@@ -485,11 +509,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         unlink(slot)
         let i = Int(slot)
         if tracksIdle { removeIdleNode(at: Int(links[i].heapPosition)) }
-        index[keys[i]!] = nil
-        keys[i] = nil
-        stores[i] = nil
-        values[i] = nil
-        freshSince[i] = nil
+        index.remove(links[i].hash, slot: slot)
+        records[i] = Record(key: nil, lastAccess: .zero)
         metadata[i] = nil
         totalWeight -= weights[i]
         weights[i] = 0
@@ -500,14 +521,14 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// it are applied, then it is, at once.
     mutating func touch(_ slot: Int32, at now: Duration) {
         applyReads()
-        links[Int(slot)].lastAccess = now
+        records[Int(slot)].lastAccess = now
         reorder(slot)
     }
 
     /// The policy's work for a use of the entry at `slot`: counted in the sketch; the entry becomes
     /// the most recently used of its list — or, from probation, of protected (whose least recently
     /// used entry then falls back to probation if protected is full).
-    @usableFromInline
+    @inlinable
     mutating func reorder(_ slot: Int32) {
         let i = Int(slot)
         sketch.increment(links[i].hash)
@@ -527,7 +548,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// Puts the entry at `slot` at the most recent end of list `segment`.
-    @usableFromInline
+    @inlinable
     mutating func link(_ slot: Int32, into segment: UInt8) {
         let (i, sentinel) = (Int(slot), Int32(segment))
         let newest = links[Int(sentinel)].older
@@ -540,7 +561,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// Takes the entry at `slot` off its list.
-    @usableFromInline
+    @inlinable
     mutating func unlink(_ slot: Int32) {
         let i = Int(slot)
         let (newer, older) = (links[i].newer, links[i].older)
@@ -550,7 +571,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// Counts `change` entries on list `segment` (only the window's and protected's are kept).
-    @usableFromInline
+    @inlinable
     mutating func count(_ segment: UInt8, _ change: Int) {
         if segment == Segment.window {
             windowCount += change

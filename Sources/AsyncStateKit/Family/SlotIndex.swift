@@ -1,0 +1,95 @@
+/// A hash index from a ``FamilyShard``'s keys to their slots: open addressing with linear probing and
+/// backward-shift deletion (no tombstones), in one array of 64-bit buckets that hold the upper half of
+/// the key's hash and the slot. Finding a key reads its buckets, then compares the key in the slot's
+/// record only where the hash's half matches: at a million keys that is one cache miss for the index
+/// and one for the record, where a `Dictionary<Key, Int32>` would add one for its separate array of
+/// values. The keys themselves live in the shard's records.
+///
+/// The table is at most half full, so a probe is short; it doubles when it would not be. A key's home
+/// bucket is read from the half of its hash that the bucket keeps, so growing needs no key.
+@usableFromInline
+struct SlotIndex {
+    /// 0 for an empty bucket; otherwise the upper 32 bits of the key's hash, then the slot plus one.
+    @usableFromInline var buckets: [UInt64]
+    @usableFromInline var mask: Int
+    /// The number of keys.
+    private(set) var count = 0
+
+    init() {
+        buckets = Array(repeating: 0, count: 8)
+        mask = 7
+    }
+
+    /// The half of `hash` a bucket keeps.
+    @inlinable
+    static func tag(_ hash: Int) -> UInt64 { UInt64(UInt(bitPattern: hash) >> 32) }
+
+    /// The first bucket to probe for a key whose hash has `tag`.
+    @inlinable
+    func home(_ tag: UInt64) -> Int { Int(truncatingIfNeeded: tag) & mask }
+
+    /// The slot of the key with `hash` for which `isKey` is true, or `nil`.
+    @inlinable
+    func find(_ hash: Int, where isKey: (Int32) -> Bool) -> Int32? {
+        let tag = Self.tag(hash)
+        return buckets.withUnsafeBufferPointer { buckets in
+            var bucket = home(tag)
+            while true {
+                let entry = buckets[bucket]
+                if entry == 0 { return nil }
+                if entry >> 32 == tag {
+                    let slot = Int32(truncatingIfNeeded: entry & 0xFFFF_FFFF) &- 1
+                    if isKey(slot) { return slot }
+                }
+                bucket = (bucket &+ 1) & mask
+            }
+        }
+    }
+
+    /// Adds `slot` for a key with `hash` that has none.
+    mutating func insert(_ hash: Int, slot: Int32) {
+        if (count + 1) * 2 > buckets.count { grow() }
+        place(Self.tag(hash) << 32 | UInt64(UInt32(bitPattern: slot &+ 1)))
+        count += 1
+    }
+
+    /// Removes `slot`, the slot of a key with `hash`. Nothing if it is not in the index.
+    mutating func remove(_ hash: Int, slot: Int32) {
+        let entry = Self.tag(hash) << 32 | UInt64(UInt32(bitPattern: slot &+ 1))
+        var hole = home(Self.tag(hash))
+        while buckets[hole] != entry {
+            if buckets[hole] == 0 { return }
+            hole = (hole + 1) & mask
+        }
+        count -= 1
+        // Shift back each following entry of the run that may move into the hole (its home is not
+        // between the hole and it), so that no probe meets an empty bucket before its key.
+        var next = hole
+        while true {
+            next = (next + 1) & mask
+            let moving = buckets[next]
+            if moving == 0 { break }
+            let home = home(moving >> 32)
+            if (next - home) & mask >= (next - hole) & mask {
+                buckets[hole] = moving
+                hole = next
+            }
+        }
+        buckets[hole] = 0
+    }
+
+    /// Puts `entry` in the first empty bucket from its home.
+    private mutating func place(_ entry: UInt64) {
+        var bucket = home(entry >> 32)
+        while buckets[bucket] != 0 { bucket = (bucket + 1) & mask }
+        buckets[bucket] = entry
+    }
+
+    /// Doubles the table.
+    private mutating func grow() {
+        let old = buckets
+        buckets = Array(repeating: 0, count: old.count * 2)
+        mask = buckets.count - 1
+        for entry in old where entry != 0 { place(entry) }
+    }
+}
