@@ -377,7 +377,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
 
     /// The miss path of ``value(retry:_:)`` and ``fetch(retry:_:)``: asks the store.
     /// `servesStale`: whether stale data may be answered at once (with `staleWhileRevalidate`).
-    @usableFromInline
+    @inlinable
     nonisolated(nonsending) func fetchFromStore(
         _ operation: @escaping Operation, retry: RetryPolicy?, servesStale: Bool
     ) async throws -> Value {

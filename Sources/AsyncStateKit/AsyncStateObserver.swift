@@ -96,6 +96,7 @@ struct Observation: Sendable {
 /// Delivers a state's events in order, one at a time, never under the state's lock. Events are
 /// enqueued under the state's lock (so the queue's order is the order they happened) and drained
 /// after it is released: whoever finds the queue idle drains it, including what others add meanwhile.
+@usableFromInline
 final class EventQueue: Sendable {
     private let state = LockedValue<(events: [AsyncStateEvent.Kind], draining: Bool)>(([], false))
     let observation: Observation
@@ -105,11 +106,13 @@ final class EventQueue: Sendable {
     }
 
     /// Adds `events`; called under the state's lock (this lock is taken inside it, never around it).
+    @usableFromInline
     func enqueue(_ events: [AsyncStateEvent.Kind]) {
         state.withLock { $0.events += events }
     }
 
     /// Delivers what is queued, unless another thread is delivering (it delivers these too).
+    @usableFromInline
     func drain() {
         var batch = state.withLock { state -> [AsyncStateEvent.Kind] in
             guard !state.draining, !state.events.isEmpty else { return [] }

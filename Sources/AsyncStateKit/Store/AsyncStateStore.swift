@@ -43,34 +43,41 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// The injected clock.
     @usableFromInline let clock: StoreClock
     /// The continuations of waiting callers (see ``WaiterTable``).
-    var waiters: WaiterTable<Value> { WaiterTable(cell: cell) }
+    @inlinable var waiters: WaiterTable<Value> { WaiterTable(cell: cell) }
     /// Whether `value` serves stale data at once and refreshes it in the background.
     @usableFromInline let staleWhileRevalidate: Bool
     /// How `value` (and `snapshot(retry:_:)`) fetch: serving stale data at once under
     /// stale-while-revalidate, else only fresh data.
-    var servingMode: Machine.FetchMode { staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired }
+    @inlinable var servingMode: Machine.FetchMode { staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired }
     /// The observer and what the state reports as; `nil` without an observer. Kept in ``events``
     /// only: a state without an observer pays one reference for the feature, not the observation.
     var observation: Observation? { events?.observation }
     /// Whether there is an observer: all the hit path reads without one.
     @usableFromInline let isObserved: Bool
     /// Delivers the observer's events in order (`nil` without an observer).
-    private let events: EventQueue?
+    @usableFromInline let events: EventQueue?
 
     /// The machine and the tasks of its flight, behind the store's lock.
-    private struct Core {
-        var machine: Machine
+    @usableFromInline
+    struct Core {
+        @usableFromInline var machine: Machine
         /// The flight's running attempt.
-        var attemptTask: Task<Void, Never>?
+        @usableFromInline var attemptTask: Task<Void, Never>?
         /// The timer of the flight's timeout or backoff.
-        var timerTask: Task<Void, Never>?
+        @usableFromInline var timerTask: Task<Void, Never>?
         /// The last waiter id handed out.
-        var lastWaiter: UInt64 = 0
+        @usableFromInline var lastWaiter: UInt64 = 0
         /// When the flight in flight started, and how many attempts it has started (for observers).
-        var flightStartedAt: Duration = .zero
-        var attempts = 0
+        @usableFromInline var flightStartedAt: Duration = .zero
+        @usableFromInline var attempts = 0
+
+        @usableFromInline
+        init(machine: Machine) {
+            self.machine = machine
+        }
 
         /// A new waiter id (they grow, so their order is the order of arrival).
+        @inlinable
         mutating func makeWaiter() -> Machine.WaiterID {
             lastWaiter &+= 1
             return lastWaiter
@@ -78,16 +85,22 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// What an event leaves to do once the lock is released.
-    private struct Effects {
+    @usableFromInline
+    struct Effects {
         /// Tasks to cancel (their cancellation handlers run user code). An event ends at most an
         /// attempt, a timer and the timer that replaces it.
-        private var cancelled: (Task<Void, Never>?, Task<Void, Never>?, Task<Void, Never>?) = (nil, nil, nil)
+        @usableFromInline var cancelled: (Task<Void, Never>?, Task<Void, Never>?, Task<Void, Never>?) = (
+            nil, nil, nil
+        )
         /// Waiters to resume, and with what.
-        var resumed: (waiters: Set<Machine.WaiterID>, result: Result<Value, any Error>)?
+        @usableFromInline var resumed: (waiters: Set<Machine.WaiterID>, result: Result<Value, any Error>)?
         /// Events for the observer, in order (only with an observer).
-        var events: [AsyncStateEvent.Kind] = []
+        @usableFromInline var events: [AsyncStateEvent.Kind] = []
+
+        @inlinable init() {}
 
         /// Cancels `task`, if any, once the lock is released.
+        @inlinable
         mutating func cancel(_ task: Task<Void, Never>?) {
             guard let task else { return }
             if cancelled.0 == nil {
@@ -100,6 +113,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             }
         }
 
+        @inlinable
         func perform(on waiters: WaiterTable<Value>) {
             cancelled.0?.cancel()
             cancelled.1?.cancel()
@@ -113,7 +127,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         }
     }
 
-    private let core: LockedValue<Core>
+    @usableFromInline let core: LockedValue<Core>
 
     /// Creates a store; `seed` seeds the jitter of its retries (random if `nil`).
     convenience init(
@@ -157,7 +171,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// Runs an event under the lock, then performs what it left to do.
-    private func withCore<Result>(_ event: (inout Core, inout Effects) throws -> Result) rethrows -> Result {
+    @inlinable
+    func withCore<Result>(_ event: (inout Core, inout Effects) throws -> Result) rethrows -> Result {
         var effects = Effects()
         defer {
             // The observer hears of a settle before its waiters resume.
@@ -171,7 +186,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// Records an event for the observer, if there is one (under the lock; delivered after it).
-    private func record(_ kind: @autoclosure () -> AsyncStateEvent.Kind, in effects: inout Effects) {
+    @inlinable
+    func record(_ kind: @autoclosure () -> AsyncStateEvent.Kind, in effects: inout Effects) {
         if events != nil { effects.events.append(kind()) }
     }
 
@@ -182,7 +198,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// The attempts of this store that the current task runs (for the machine's reentrancy check).
-    private var callerAttempts: [Machine.AttemptID] {
+    @usableFromInline var callerAttempts: [Machine.AttemptID] {
         let me = ObjectIdentifier(self)
         return OperationContext.running.compactMap { $0.store == me ? $0.attempt : nil }
     }
@@ -191,6 +207,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
 
     /// Gets the value as `mode` says: an answer at once, or the outcome of the flight in flight or of
     /// a new one running `operation` with `policy`.
+    @inlinable
     func fetch(
         _ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy? = nil,
         reason: AsyncStateEvent.Reason? = nil
@@ -209,6 +226,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// `reason`: why a flight this call starts started, for the observer (by default from `mode`).
     /// `onStart`: called under the lock when this call starts a flight (not a background one), before
     /// the flight's `loading` phase is published.
+    @inlinable
     func enter(
         _ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy? = nil,
         reason: AsyncStateEvent.Reason? = nil, onStart: (() -> Void)? = nil
@@ -247,6 +265,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
 
     /// What a caller gets from the machine: an answer now, or a waiter id to wait on. `started`: this
     /// call started a flight (a background one, with an answer now).
+    @usableFromInline
     enum Ticket {
         /// The answer, at once.
         case value(Value, started: Bool)
@@ -337,7 +356,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     // MARK: Events from waiters and from the flight's tasks
 
     /// A waiter's task was cancelled (called from its cancellation handler, on any thread).
-    private func waiterCancelled(_ waiter: Machine.WaiterID) {
+    @usableFromInline
+    func waiterCancelled(_ waiter: Machine.WaiterID) {
         withCore { core, effects in
             switch core.machine.waiterCancelled(waiter) {
             case .none, .left:
@@ -435,7 +455,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// Cancels (after the lock) the flight's attempt — its operation — and its timer.
-    private func endFlightTasks(in core: inout Core, _ effects: inout Effects) {
+    @usableFromInline
+    func endFlightTasks(in core: inout Core, _ effects: inout Effects) {
         effects.cancel(core.attemptTask)
         effects.cancel(core.timerTask)
         core.attemptTask = nil
@@ -448,7 +469,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
 
     /// Starts `attempt`'s task (and its timeout's timer) and publishes.
     /// Starts the first attempt of a new flight, started for `reason`.
-    private func begin(
+    @usableFromInline
+    func begin(
         _ attempt: Machine.Attempt, reason: AsyncStateEvent.Reason, at now: Duration, in core: inout Core,
         _ effects: inout Effects
     ) {
@@ -473,6 +495,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
 
     /// Suspends the caller until its waiter is resumed. A cancelled caller leaves at once and tells the
     /// machine, which ends the flight if it was the last waiter.
+    @inlinable
     func wait(_ waiter: Machine.WaiterID) async throws -> Value {
         try await waiters.wait(waiter) { self.waiterCancelled(waiter) }
     }

@@ -21,24 +21,25 @@ import Foundation
 @usableFromInline
 struct FetchStateMachine<Value: Sendable, Operation> {
     /// Identifies one caller waiting for a flight.
-    typealias WaiterID = UInt64
+    @usableFromInline typealias WaiterID = UInt64
     /// Identifies one flight (all its attempts).
-    typealias FlightID = UInt64
+    @usableFromInline typealias FlightID = UInt64
     /// Identifies one attempt of a flight.
-    typealias AttemptID = UInt64
+    @usableFromInline typealias AttemptID = UInt64
 
     /// The operation run in flight and who waits for it.
+    @usableFromInline
     struct Flight {
         /// This flight's id; events carrying another id are stale.
         var id: FlightID
         /// The operation: kept for the flight's attempts only.
         var operation: Operation
         /// The current attempt's id: running, or due after a backoff (``retryAt``).
-        var attempt: AttemptID
+        @usableFromInline var attempt: AttemptID
         /// When the current attempt starts, while the flight waits out a backoff; `nil` while it runs.
-        var retryAt: Duration?
+        @usableFromInline var retryAt: Duration?
         /// The callers waiting for its outcome: a set, so that one leaves in O(1).
-        var waiters: Set<WaiterID>
+        @usableFromInline var waiters: Set<WaiterID>
         /// The phase before the flight began, restored if it is cancelled.
         var phaseBefore: AsyncPhase
         /// Set by ``invalidate(now:)`` during the flight: its result lands already expired.
@@ -56,13 +57,14 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         /// until its own expiry.
         var refreshesAhead: Bool
         /// Its success leaves the data's freshness as it was (``FetchMode/append``).
-        var keepsFreshness: Bool
+        @usableFromInline var keepsFreshness: Bool
         /// The jitter generator for this flight's retries.
         var random: SplitMix64
     }
 
     /// How a fetch treats fresh, failed and stale data.
-    enum FetchMode {
+    @usableFromInline
+    enum FetchMode: Sendable {
         /// `fetch` / `value`: fresh data (or a failure within the failure expiry) is answered without
         /// running the operation; otherwise the caller joins the flight in flight or starts one.
         case ifExpired
@@ -92,6 +94,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     /// An attempt for the shell to run now: run `operation` in a task, report its end with
     /// ``attemptFinished(_:attempt:outcome:now:date:)``, and, if `timeoutAt` is set, report
     /// ``attemptTimedOut(_:attempt:now:date:)`` at that instant unless it ended first.
+    @usableFromInline
     struct Attempt {
         /// The flight it belongs to.
         var flight: FlightID
@@ -104,6 +107,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     }
 
     /// What to do after ``fetch(waiter:mode:now:policy:operation:callerAttempts:)``.
+    @usableFromInline
     enum FetchAction {
         /// Give the caller this value now; it does not wait. Nothing starts.
         case returnValue(Value)
@@ -163,24 +167,24 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     }
 
     /// The latest value: kept during loading and after a failure.
-    private(set) var value: Value
+    @usableFromInline private(set) var value: Value
     /// The current phase.
-    private(set) var phase: AsyncPhase = .initial
+    @usableFromInline private(set) var phase: AsyncPhase = .initial
     /// When the current data arrived fresh; `nil` when there is none or it was invalidated or failed.
-    private(set) var freshSince: Duration?
+    @usableFromInline private(set) var freshSince: Duration?
     /// When the current failure settled, while it may still be answered from the negative cache.
-    private(set) var failedAt: Duration?
+    @usableFromInline private(set) var failedAt: Duration?
     /// Whether `value` came from a success or a write (not the initial value): stale-while-revalidate
     /// serves it.
-    private(set) var hasData = false
+    @usableFromInline private(set) var hasData = false
     /// The flight in flight, if any.
-    var flight: Flight? { flightBox?.flight }
+    @inlinable var flight: Flight? { flightBox?.flight }
     /// Whether the flight in flight keeps the data's freshness: read through the box, so that no copy
     /// of the flight (and of its waiter set) is made on the join path.
-    private var flightKeepsFreshness: Bool { flightBox?.flight.keepsFreshness ?? false }
+    @inlinable var flightKeepsFreshness: Bool { flightBox?.flight.keepsFreshness ?? false }
     /// Where the flight lives: boxed, so that an idle state does not carry it inline. Copied on write
     /// (``mutateFlight(_:)``), so the machine keeps value semantics.
-    private var flightBox: FlightBox?
+    @usableFromInline var flightBox: FlightBox?
     /// The last id handed out to a flight or an attempt.
     private(set) var lastID: UInt64 = 0
     /// Attempts that timed out and whose operation has not returned yet (it was cancelled, but may
@@ -198,7 +202,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     /// The value ``reset()`` goes back to.
     let initialValue: Value
     /// The policies, normalized.
-    let configuration: StoreConfiguration<Value>
+    @usableFromInline let configuration: StoreConfiguration<Value>
     /// Seeds the jitter of flights whose policy has no seed of its own.
     private var seeds: SplitMix64
 
@@ -272,17 +276,20 @@ struct FetchStateMachine<Value: Sendable, Operation> {
 
     /// Whether the data is fresh at `now`: it arrived less than the expiry ago and was not
     /// invalidated. `initial` and `failure` are never fresh.
+    @inlinable
     func isFresh(at now: Duration) -> Bool {
         isWithinExpiry(since: freshSince, at: now, expiry: configuration.expiry)
     }
 
     /// Whether fresh data is old enough at `now` for a refresh ahead (never without `refreshAfter`).
+    @inlinable
     func isRefreshDue(at now: Duration) -> Bool {
         guard let refreshAfter = configuration.refreshAfter, let freshSince else { return false }
         return now - freshSince >= refreshAfter
     }
 
     /// The cached failure, while the failure expiry says to answer with it instead of refetching.
+    @inlinable
     func cachedFailure(at now: Duration) -> (any Error)? {
         guard case .failure(let error) = phase, flight == nil,
             isWithinExpiry(since: failedAt, at: now, expiry: configuration.failureExpiry)
@@ -292,6 +299,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
 
     /// Whether a caller running one of `callerAttempts` is the current attempt's operation (or a task
     /// that inherited its context while it still runs): waiting for the flight would wait for itself.
+    @inlinable
     func isReentrant(_ callerAttempts: [AttemptID]) -> Bool {
         guard let flight, flight.retryAt == nil else { return false }
         return callerAttempts.contains(flight.attempt)
@@ -302,6 +310,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     /// A caller asks for the value (`fetch`, `value`, `refresh`, `run(every:)`), with `policy` for a
     /// new flight (the state's policy when `nil`) and `operation` to run if one starts.
     /// `callerAttempts` are the attempts of this state that the calling task is running (reentrancy).
+    @inlinable
     mutating func fetch(
         waiter: WaiterID, mode: FetchMode, now: Duration, policy: RetryPolicy? = nil, operation: Operation,
         callerAttempts: [AttemptID] = []
@@ -532,7 +541,8 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     /// flight): the phase becomes `loading`. A flight in flight is replaced in place — the new one takes
     /// over its waiters (without copying them) and the phase it restores if cancelled. Returns `nil`,
     /// starting nothing, while too many abandoned operations still run.
-    private mutating func begin(
+    @usableFromInline
+    mutating func begin(
         waiter: WaiterID?, operation: Operation, now: Duration, policy: RetryPolicy?, keepAlive: Bool,
         refreshesAhead: Bool = false, keepsFreshness: Bool = false
     ) -> Attempt? {
@@ -636,16 +646,18 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     }
 
     /// Mutates the flight in place (copying its box first if another machine shares it).
-    private mutating func mutateFlight(_ body: (inout Flight) -> Void) {
+    @inlinable
+    mutating func mutateFlight(_ body: (inout Flight) -> Void) {
         guard flightBox != nil else { return }
         if !isKnownUniquelyReferenced(&flightBox!) { flightBox = FlightBox(flightBox!.flight) }
         body(&flightBox!.flight)
     }
 
     /// The box of ``flightBox``.
-    private final class FlightBox {
-        var flight: Flight
-        init(_ flight: Flight) { self.flight = flight }
+    @usableFromInline
+    final class FlightBox {
+        @usableFromInline var flight: Flight
+        @usableFromInline init(_ flight: Flight) { self.flight = flight }
     }
 
     private mutating func nextID() -> UInt64 {

@@ -1,10 +1,11 @@
 /// The policies a state is declared with, normalized: durations clamped to
 /// ``AsyncStateLimits/maximumDuration``, meaningless values switched off.
+@usableFromInline
 struct StoreConfiguration<Value: Sendable>: Sendable {
     /// How long data stays fresh; zero means never fresh.
-    var expiry: Duration
+    @usableFromInline var expiry: Duration
     /// How long a failure is answered from the negative cache; zero means never.
-    var failureExpiry: Duration
+    @usableFromInline var failureExpiry: Duration
     /// Decides whether a successful value is empty.
     var isEmpty: @Sendable (Value) -> Bool
     /// The retry policy of fetches whose caller gives none.
@@ -14,7 +15,7 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
     /// Whether `value` serves stale data at once and refreshes it in the background.
     var staleWhileRevalidate: Bool
     /// The age at which a hit on fresh data starts a background refresh; `nil` for never.
-    var refreshAfter: Duration?
+    @usableFromInline var refreshAfter: Duration?
 
     /// Normalizes: every duration is clamped to `0...AsyncStateLimits.maximumDuration`; a zero or
     /// negative `timeout` means none (documented on ``AsyncState``), so it cannot fail every attempt at

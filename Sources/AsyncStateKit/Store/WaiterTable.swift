@@ -12,20 +12,28 @@
 ///
 /// The slots live under the ``SnapshotCell``'s lock (one lock and allocation per state instead of
 /// two); this type is the view that manages them.
+@usableFromInline
 struct WaiterTable<Value: Sendable>: Sendable {
-    typealias ID = UInt64
-    typealias Slot = WaiterSlot<Value>
+    @usableFromInline typealias ID = UInt64
+    @usableFromInline typealias Slot = WaiterSlot<Value>
 
     /// Where the slots are kept.
-    let cell: SnapshotCell<Value>
+    @usableFromInline let cell: SnapshotCell<Value>
+
+    @inlinable
+    init(cell: SnapshotCell<Value>) {
+        self.cell = cell
+    }
 
     /// Announces waiter `id`; called by the store, under its lock, when it hands the id out.
+    @inlinable
     func add(_ id: ID) {
         cell.withWaiterSlots { $0[id] = .pending }
     }
 
     /// Suspends until waiter `id` is resumed. If the task is cancelled, it stops waiting at once with
     /// `CancellationError` and `onCancel` tells the store (which may cancel the flight).
+    @inlinable
     func wait(_ id: ID, onCancel: @Sendable () -> Void) async throws -> Value {
         try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { continuation in
@@ -47,6 +55,7 @@ struct WaiterTable<Value: Sendable>: Sendable {
 
     /// Resumes waiter `id` with `result` (outside the lock), or keeps the result for it if it has not
     /// registered yet. A waiter that was already resumed is left alone: its first outcome stands.
+    @inlinable
     func resume(_ id: ID, with result: Result<Value, any Error>) {
         let continuation = cell.withWaiterSlots { slots -> UnsafeContinuation<Value, any Error>? in
             switch slots[id] {
@@ -68,6 +77,7 @@ struct WaiterTable<Value: Sendable>: Sendable {
 }
 
 /// Where one waiting caller stands (see ``WaiterTable``).
+@usableFromInline
 enum WaiterSlot<Value: Sendable> {
     /// Its id was handed out; its continuation is not registered yet.
     case pending
