@@ -122,7 +122,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
                 // In arrival order (ids grow): callers that are children of one task group then
                 // finish in the order they were added, which the runtime's group handles in O(1)
                 // each (in hash order, its child list makes them quadratic).
-                for waiter in resumed.waiters.sorted() { waiters.resume(waiter, with: resumed.result) }
+                waiters.resume(resumed.waiters.sorted(), with: resumed.result)
             }
         }
     }
@@ -356,18 +356,24 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     // MARK: Events from waiters and from the flight's tasks
 
     /// A waiter's task was cancelled (called from its cancellation handler, on any thread).
-    @usableFromInline
+    @inlinable
     func waiterCancelled(_ waiter: Machine.WaiterID) {
         withCore { core, effects in
             switch core.machine.waiterCancelled(waiter) {
             case .none, .left:
                 break  // the waiter resumed itself with `CancellationError`
             case .leftAndEndedFlight:
-                record(.cancelled, in: &effects)
-                endFlightTasks(in: &core, &effects)
-                publish(core.machine, at: clock.now())
+                flightLostItsWaiters(in: &core, &effects)
             }
         }
+    }
+
+    /// The last waiter of a flight left (by cancellation): the flight ends.
+    @usableFromInline
+    func flightLostItsWaiters(in core: inout Core, _ effects: inout Effects) {
+        record(.cancelled, in: &effects)
+        endFlightTasks(in: &core, &effects)
+        publish(core.machine, at: clock.now())
     }
 
     /// An attempt's operation returned or threw.

@@ -52,7 +52,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         var failures: Int
         /// A background flight (stale-while-revalidate, refresh ahead): it goes on when its waiters
         /// leave.
-        var keepAlive: Bool
+        @usableFromInline var keepAlive: Bool
         /// A refresh ahead, started while the data was still fresh: if it fails, the data stays fresh
         /// until its own expiry.
         var refreshesAhead: Bool
@@ -148,6 +148,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
 
     /// What to do after ``waiterCancelled(_:)``. The waiter has already resumed itself with
     /// `CancellationError` (see `WaiterTable`); this says what becomes of the flight.
+    @usableFromInline
     enum WaiterCancelledAction {
         /// The waiter was no longer waiting (already resumed): nothing to do.
         case none
@@ -379,10 +380,19 @@ struct FetchStateMachine<Value: Sendable, Operation> {
 
     /// The task of waiter `waiter` was cancelled: it stops waiting; the flight is cancelled if it was
     /// the last waiter of a flight that is not a background one.
+    @inlinable
     mutating func waiterCancelled(_ waiter: WaiterID) -> WaiterCancelledAction {
-        guard flight?.waiters.contains(waiter) == true else { return .none }
+        guard flightBox?.flight.waiters.contains(waiter) == true else { return .none }
         mutateFlight { $0.waiters.remove(waiter) }  // in place, as in fetch
-        guard let current = flight, current.waiters.isEmpty, !current.keepAlive else { return .left }
+        guard let box = flightBox, box.flight.waiters.isEmpty, !box.flight.keepAlive else { return .left }
+        return lastWaiterLeft()
+    }
+
+    /// The flight's last waiter left: a flight that is not a background one ends, and the phase goes
+    /// back to what it was before it.
+    @usableFromInline
+    mutating func lastWaiterLeft() -> WaiterCancelledAction {
+        guard let current = flight else { return .none }
         setFlight(nil)
         phase = current.phaseBefore
         return .leftAndEndedFlight

@@ -72,6 +72,28 @@ struct WaiterTable<Value: Sendable>: Sendable {
         continuation?.resume(with: result)
     }
 
+    /// Resumes waiters `ids`, in their order, with `result` (as ``resume(_:with:)`` does each), taking
+    /// the lock once for all of them: a flight that settles resumes every waiter this way.
+    @inlinable
+    func resume(_ ids: [ID], with result: Result<Value, any Error>) {
+        var continuations: [UnsafeContinuation<Value, any Error>] = []
+        continuations.reserveCapacity(ids.count)
+        cell.withWaiterSlots { slots in
+            for id in ids {
+                switch slots[id] {
+                case .pending:
+                    slots[id] = .resolved(result)
+                case .waiting(let continuation):
+                    slots[id] = nil
+                    continuations.append(continuation)
+                case .resolved, nil:
+                    break
+                }
+            }
+        }
+        for continuation in continuations { continuation.resume(with: result) }
+    }
+
     /// The number of waiters not yet resumed-and-gone (for tests).
     var count: Int { cell.withWaiterSlots { $0.count } }
 }
