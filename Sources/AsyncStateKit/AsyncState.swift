@@ -377,7 +377,9 @@ public struct AsyncState<Value: Sendable>: Sendable {
 
     /// The miss path of ``value(retry:_:)`` and ``fetch(retry:_:)``: asks the store.
     /// `servesStale`: whether stale data may be answered at once (with `staleWhileRevalidate`).
-    @inlinable
+    /// Inlinable, so that it is specialized for the caller's `Value` (a cold caller then looks up no
+    /// generic metadata), but never inlined: the hit path it follows stays small.
+    @inlinable @inline(never)
     nonisolated(nonsending) func fetchFromStore(
         _ operation: @escaping Operation, retry: RetryPolicy?, servesStale: Bool
     ) async throws -> Value {
