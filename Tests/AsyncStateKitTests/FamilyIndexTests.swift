@@ -46,6 +46,50 @@ import Testing
         #expect(index.count == count)
     }
 
+    /// Hashes whose upper half is zero (a key type whose `hashValue` is its id, or a 32-bit `Int`)
+    /// still spread over the table: no key sits far from its home bucket.
+    @Test func smallHashesDoNotPileUpInOneRun() {
+        var index = SlotIndex()
+        for n in 0..<20_000 { index.insert(n, slot: Int32(n)) }
+        let distances = (0..<20_000).map { index.distance(of: $0, slot: Int32($0)) }
+        #expect(!distances.contains(nil))
+        #expect(distances.compactMap { $0 }.max()! < 64)  // one run of all keys would reach 19,999
+        for n in stride(from: 0, to: 20_000, by: 7) {
+            #expect(index.find(n) { $0 == Int32(n) } == Int32(n))
+        }
+    }
+
+    /// A sweep over many entries used since they were placed looks at a bounded number per call and
+    /// is done in several, and it places entries due soon by their last use, so the sweeper's next
+    /// wake-up comes once for them all rather than once for each.
+    @Test func aSweepIsBoundedPerCallAndPlacesEntriesDueSoon() {
+        var shard = FamilyShard<Int, Int>(capacity: 10_000, tracksIdle: true)
+        for key in 0..<5_000 {
+            _ = shard.setIfCompact(key, for: key, at: .zero, date: .now, isEmpty: false)
+        }
+        // Every entry used again at a different instant between 1 s and 2 s.
+        for key in 0..<5_000 {
+            _ = shard.freshValue(
+                of: key, hash: key.hashValue, at: .milliseconds(1_000 + key / 5), hitWindow: .seconds(3_600))
+        }
+        // At 10 s with an idle expiry of 10 s: nothing idle (all used after 0), all placed again.
+        var removed: [FamilyShard<Int, Int>.Removed] = []
+        var calls = 0
+        var done = false
+        while !done {
+            let result = shard.removeIdle(
+                accessedBy: .zero, placingUntil: .seconds(2), now: .seconds(10), budget: 1_024, into: &removed)
+            #expect(result.removed == 0)
+            done = result.done
+            calls += 1
+        }
+        #expect(calls == 5)  // 5,000 entries, 1,024 a call
+        #expect(removed.isEmpty)
+        // The earliest is placed by its last use: the next wake-up is its idle deadline, 11 s.
+        #expect(shard.oldestAccess == .milliseconds(1_000))
+        #expect(shard.count == 5_000)
+    }
+
     /// More than a read buffer's worth of hits between two new entries, and more than a batch: the
     /// hits the policy drops still count for idle expiry, whose instants stay exact for every key.
     @Test func idleExpiryIsExactForEveryKeyWhateverTheHitsBetween() async throws {

@@ -36,7 +36,7 @@ import Foundation
 /// hit on it reads the shard alone. Pinning a compact entry makes its store again, in the state it
 /// had, so every per-key behaviour is the store's.
 ///
-/// The hit path (``freshValue(of:at:hitWindow:)``) is inlinable, so that it is specialized for the
+/// The hit path (``freshValue(of:hash:at:hitWindow:)``) is inlinable, so that it is specialized for the
 /// caller's key and value types: unspecialized, every step would look up generic metadata.
 @usableFromInline
 struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
@@ -207,7 +207,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         }
     }
 
-    /// The snapshot of `key`'s entry if its data is fresh at `now` (as ``freshValue(of:at:hitWindow:)``,
+    /// The snapshot of `key`'s entry if its data is fresh at `now` (as ``freshValue(of:hash:at:hitWindow:)``,
     /// recording the access), read under this shard's lock.
     mutating func freshSnapshot(of key: Key, at now: Duration, hitWindow: Duration) -> AsyncSnapshot<Value?>? {
         guard let slot = slot(of: key) else { return nil }
@@ -224,7 +224,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// in the read buffer if it has room (see the type's documentation).
     @inlinable
     mutating func hit(_ slot: Int32, at now: Duration) {
-        records[Int(slot)].lastAccess = now
+        // The clock was read before the lock: a later use may have been recorded meanwhile.
+        records[Int(slot)].lastAccess = max(records[Int(slot)].lastAccess, now)
         if pendingReads < Self.readBufferSize {
             reads[pendingReads] = slot
             pendingReads &+= 1
@@ -428,13 +429,24 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     /// Removes the entries last accessed at or before `deadline` (idle), in the heap's order. A busy
     /// one is in use: it counts as accessed `now` instead. An entry whose heap place is older than
-    /// its last access is placed by its last access. Returns how many it removed. Needs `tracksIdle`.
-    mutating func removeIdle(accessedBy deadline: Duration, now: Duration, into removed: inout [Removed]) -> Int {
+    /// its last access is placed by its last access — those placed before `ahead` too, although not
+    /// due yet, so that the sweeper wakes once for many of them rather than once for each. Looks at
+    /// no more than `budget` entries, so that the caller can release the lock between calls.
+    /// Returns how many it removed and whether it is done. Needs `tracksIdle`.
+    mutating func removeIdle(
+        accessedBy deadline: Duration, placingUntil ahead: Duration, now: Duration, budget: Int,
+        into removed: inout [Removed]
+    ) -> (removed: Int, done: Bool) {
         var count = 0
-        while let root = idleHeap.first, root.since <= deadline {
+        for _ in 0..<budget {
+            guard let root = idleHeap.first, root.since <= max(deadline, ahead) else { return (count, true) }
             let i = Int(root.slot)
-            if records[i].lastAccess > deadline {
-                raiseRoot(to: records[i].lastAccess)
+            let lastAccess = records[i].lastAccess
+            if lastAccess > deadline {
+                // Not idle: placed by its last use. Placed there already, it is due at its own idle
+                // deadline, when the sweeper wakes next; the entries after it wait until then.
+                guard lastAccess > root.since else { return (count, true) }
+                raiseRoot(to: lastAccess)
             } else if isBusy(i) {
                 records[i].lastAccess = now
                 raiseRoot(to: now)
@@ -444,7 +456,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
                 count += 1
             }
         }
-        return count
+        return (count, false)
     }
 
     /// A lower bound of the oldest last access in the shard (the idle heap's root), or `nil` when the
@@ -521,7 +533,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// it are applied, then it is, at once.
     mutating func touch(_ slot: Int32, at now: Duration) {
         applyReads()
-        records[Int(slot)].lastAccess = now
+        records[Int(slot)].lastAccess = max(records[Int(slot)].lastAccess, now)
         reorder(slot)
     }
 

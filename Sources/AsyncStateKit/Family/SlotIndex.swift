@@ -1,6 +1,6 @@
 /// A hash index from a ``FamilyShard``'s keys to their slots: open addressing with linear probing and
-/// backward-shift deletion (no tombstones), in one array of 64-bit buckets that hold the upper half of
-/// the key's hash and the slot. Finding a key reads its buckets, then compares the key in the slot's
+/// backward-shift deletion (no tombstones), in one array of 64-bit buckets that hold half of the key's
+/// mixed hash and the slot. Finding a key reads its buckets, then compares the key in the slot's
 /// record only where the hash's half matches: at a million keys that is one cache miss for the index
 /// and one for the record, where a `Dictionary<Key, Int32>` would add one for its separate array of
 /// values. The keys themselves live in the shard's records.
@@ -9,7 +9,8 @@
 /// bucket is read from the half of its hash that the bucket keeps, so growing needs no key.
 @usableFromInline
 struct SlotIndex {
-    /// 0 for an empty bucket; otherwise the upper 32 bits of the key's hash, then the slot plus one.
+    /// 0 for an empty bucket; otherwise the upper 32 bits of the key's mixed hash, then the slot plus
+    /// one.
     @usableFromInline var buckets: [UInt64]
     @usableFromInline var mask: Int
     /// The number of keys.
@@ -20,9 +21,10 @@ struct SlotIndex {
         mask = 7
     }
 
-    /// The half of `hash` a bucket keeps.
+    /// The half of `hash`, mixed, that a bucket keeps. Mixed first: a key type's own `hashValue` may
+    /// leave the upper bits zero (as may a 32-bit `Int`), which would put every key in one run.
     @inlinable
-    static func tag(_ hash: Int) -> UInt64 { UInt64(UInt(bitPattern: hash) >> 32) }
+    static func tag(_ hash: Int) -> UInt64 { FrequencySketch.spread(hash) >> 32 }
 
     /// The first bucket to probe for a key whose hash has `tag`.
     @inlinable
@@ -76,6 +78,18 @@ struct SlotIndex {
             }
         }
         buckets[hole] = 0
+    }
+
+    /// How far from its home bucket `slot`, a key's with `hash`, is (for tests); `nil` if absent.
+    func distance(of hash: Int, slot: Int32) -> Int? {
+        let entry = Self.tag(hash) << 32 | UInt64(UInt32(bitPattern: slot &+ 1))
+        let home = home(Self.tag(hash))
+        var bucket = home
+        while buckets[bucket] != entry {
+            if buckets[bucket] == 0 { return nil }
+            bucket = (bucket + 1) & mask
+        }
+        return (bucket - home) & mask
     }
 
     /// Puts `entry` in the first empty bucket from its home.
