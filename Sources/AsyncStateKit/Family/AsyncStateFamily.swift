@@ -271,8 +271,9 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         }
     }
 
-    /// The miss path of ``value(for:retry:_:)``.
-    @usableFromInline
+    /// The miss path of ``value(for:retry:_:)``: specialized in the caller's module (as
+    /// ``AsyncState``'s), but never inlined into it, so that the hit path stays small.
+    @inlinable @inline(never)
     nonisolated(nonsending) func fetchFromStore(
         _ key: Key, servesStale: Bool, retry: RetryPolicy?, _ operation: @escaping Operation
     ) async throws -> Value {
@@ -380,7 +381,8 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     }
 
     /// The miss path: waits for `key`'s store to answer.
-    private nonisolated(nonsending) func fetch(
+    @inlinable
+    nonisolated(nonsending) func fetch(
         _ key: Key, from store: AsyncStateStore<Value?>, mode: AsyncStateStore<Value?>.Machine.FetchMode,
         retry: RetryPolicy?, _ operation: @escaping Operation
     ) async throws -> Value {

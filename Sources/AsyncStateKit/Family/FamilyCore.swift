@@ -129,6 +129,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// records an access. While `body` runs the entry is in use: it is neither evicted nor made
     /// compact. Afterwards it becomes compact if it settled and nobody else uses it, and the family is
     /// trimmed to its capacity.
+    @usableFromInline
     nonisolated(nonsending) func using<Result>(_ key: Key, _ body: (Store) async throws -> Result) async rethrows
         -> Result
     {
