@@ -57,19 +57,7 @@ struct WaiterTable<Value: Sendable>: Sendable {
     /// registered yet. A waiter that was already resumed is left alone: its first outcome stands.
     @inlinable
     func resume(_ id: ID, with result: Result<Value, any Error>) {
-        let continuation = cell.withWaiterSlots { slots -> UnsafeContinuation<Value, any Error>? in
-            switch slots[id] {
-            case .pending:
-                slots[id] = .resolved(result)
-                return nil
-            case .waiting(let continuation):
-                slots[id] = nil
-                return continuation
-            case .resolved, nil:
-                return nil
-            }
-        }
-        continuation?.resume(with: result)
+        cell.withWaiterSlots { Self.take(id, settlingWith: result, in: &$0) }?.resume(with: result)
     }
 
     /// Resumes waiters `ids`, in their order, with `result` (as ``resume(_:with:)`` does each), taking
@@ -80,18 +68,30 @@ struct WaiterTable<Value: Sendable>: Sendable {
         continuations.reserveCapacity(ids.count)
         cell.withWaiterSlots { slots in
             for id in ids {
-                switch slots[id] {
-                case .pending:
-                    slots[id] = .resolved(result)
-                case .waiting(let continuation):
-                    slots[id] = nil
+                if let continuation = Self.take(id, settlingWith: result, in: &slots) {
                     continuations.append(continuation)
-                case .resolved, nil:
-                    break
                 }
             }
         }
         for continuation in continuations { continuation.resume(with: result) }
+    }
+
+    /// Under the lock: takes waiter `id`'s continuation out of `slots` to be resumed, or keeps
+    /// `result` for a waiter that has not registered yet; `nil` when it is gone or already resolved.
+    @inlinable
+    static func take(
+        _ id: ID, settlingWith result: Result<Value, any Error>, in slots: inout [UInt64: Slot]
+    ) -> UnsafeContinuation<Value, any Error>? {
+        switch slots[id] {
+        case .pending:
+            slots[id] = .resolved(result)
+            return nil
+        case .waiting(let continuation):
+            slots[id] = nil
+            return continuation
+        case .resolved, nil:
+            return nil
+        }
     }
 
     /// The number of waiters not yet resumed-and-gone (for tests).
