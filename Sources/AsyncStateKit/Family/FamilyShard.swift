@@ -290,7 +290,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     mutating func pin(
         _ key: Key, at now: Duration, make: () -> Store, restore: (Settled) -> Store
     ) -> (store: Store, inserted: Bool) {
-        if let slot = slot(of: key) {
+        let hash = key.hashValue
+        if let slot = slot(of: key, hash: hash) {
             touch(slot, at: now)
             let i = Int(slot)
             links[i].users += 1
@@ -300,7 +301,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
             return (store, false)
         }
         let store = make()
-        let slot = allocate(key, at: now)
+        let slot = allocate(key, hash: hash, at: now)
         makeLive(Int(slot), store)
         links[Int(slot)].users = 1
         return (store, true)
@@ -335,8 +336,9 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         done: Bool, inserted: Bool, replaced: Value?
     ) {
         let phase: AsyncPhase = isEmpty ? .empty : .success(date)
-        guard let slot = slot(of: key) else {
-            let slot = Int(allocate(key, at: now))
+        let hash = key.hashValue
+        guard let slot = slot(of: key, hash: hash) else {
+            let slot = Int(allocate(key, hash: hash, at: now))
             makeCompact(
                 slot,
                 Settled(
@@ -487,12 +489,11 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     // MARK: The list
 
-    /// A slot for a new entry of `key`, used at `now`, as the most recently used (its contents are
-    /// set by the caller).
-    mutating func allocate(_ key: Key, at now: Duration) -> Int32 {
+    /// A slot for a new entry of `key` (whose hash is `hash`), used at `now`, as the most recently used
+    /// (its contents are set by the caller).
+    mutating func allocate(_ key: Key, hash: Int, at now: Duration) -> Int32 {
         applyReads()
         let slot: Int32
-        let hash = key.hashValue
         if let free = freeSlots.popLast() {
             slot = free
             records[Int(slot)] = Record(key: key, lastAccess: now)
