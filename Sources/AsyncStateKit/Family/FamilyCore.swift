@@ -129,7 +129,8 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// records an access. While `body` runs the entry is in use: it is neither evicted nor made
     /// compact. Afterwards it becomes compact if it settled and nobody else uses it, and the family is
     /// trimmed to its capacity.
-    @usableFromInline
+    /// Inlinable and always inlined: a miss path that waits then runs in one specialized frame.
+    @inlinable @inline(__always)
     nonisolated(nonsending) func using<Result>(_ key: Key, _ body: (Store) async throws -> Result) async rethrows
         -> Result
     {
@@ -147,6 +148,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     /// Marks `key`'s entry in use and returns its store (see ``using(_:_:)``). Every pin needs its
     /// ``unpin(_:)``.
+    @usableFromInline
     func pin(_ key: Key) -> Store {
         let now = clock.now()
         let (store, inserted) = shard(for: key).withLock { shard in
@@ -168,6 +170,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     }
 
     /// Ends a use of `key`'s entry.
+    @usableFromInline
     func unpin(_ key: Key) {
         shard(for: key).withLock { $0.unpin(key) }
         trim(after: key)

@@ -501,7 +501,9 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
 
     /// Suspends the caller until its waiter is resumed. A cancelled caller leaves at once and tells the
     /// machine, which ends the flight if it was the last waiter.
-    @inlinable
+    /// Always inlined, so that its frame is part of its caller's: a waiting task's frames then fit in
+    /// the memory the runtime gives a new task (984 bytes), and a joiner mallocs no second slab.
+    @inlinable @inline(__always)
     func wait(_ waiter: Machine.WaiterID) async throws -> Value {
         try await waiters.wait(waiter) { self.waiterCancelled(waiter) }
     }
