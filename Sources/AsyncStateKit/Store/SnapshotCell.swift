@@ -15,7 +15,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         /// The next subscriber id.
         var nextSubscriber: UInt64 = 0
         /// The callers waiting for a flight (managed by ``WaiterTable``).
-        @usableFromInline var waiterSlots: [UInt64: WaiterSlot<Value>] = [:]
+        @usableFromInline var waiterSlots: [UInt64: WaiterSlot] = [:]
     }
 
     /// How long data stays fresh (zero or less: never).
@@ -120,7 +120,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
 
     /// Runs `body` on the waiter slots, under the lock (for ``WaiterTable``).
     @inlinable
-    func withWaiterSlots<Result>(_ body: (inout [UInt64: WaiterSlot<Value>]) -> Result) -> Result {
+    func withWaiterSlots<Result>(_ body: (inout [UInt64: WaiterSlot]) -> Result) -> Result {
         contents.withLock { body(&$0.waiterSlots) }
     }
 }

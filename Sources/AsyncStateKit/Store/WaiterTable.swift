@@ -15,7 +15,6 @@
 @usableFromInline
 struct WaiterTable<Value: Sendable>: Sendable {
     @usableFromInline typealias ID = UInt64
-    @usableFromInline typealias Slot = WaiterSlot<Value>
 
     /// Where the slots are kept.
     @usableFromInline let cell: SnapshotCell<Value>
@@ -36,56 +35,68 @@ struct WaiterTable<Value: Sendable>: Sendable {
     /// Always inlined, for the store's ``AsyncStateStore/wait(_:)`` (one frame instead of two).
     @inlinable @inline(__always)
     func wait(_ id: ID, onCancel: @Sendable () -> Void) async throws -> Value {
-        try await withTaskCancellationHandler {
-            try await withUnsafeThrowingContinuation { continuation in
-                let early = cell.withWaiterSlots { slots -> Result<Value, any Error>? in
-                    if case .resolved(let result) = slots[id] {
+        let outcome = await withTaskCancellationHandler {
+            await withUnsafeContinuation { (continuation: UnsafeContinuation<WaiterOutcome, Never>) in
+                let early = cell.withWaiterSlots { slots -> WaiterOutcome? in
+                    if case .resolved(let outcome) = slots[id] {
                         slots[id] = nil
-                        return result
+                        return outcome
                     }
                     slots[id] = .waiting(continuation)
                     return nil
                 }
-                if let early { continuation.resume(with: early) }
+                if let early { continuation.resume(returning: early) }
             }
         } onCancel: {
-            resume(id, with: .failure(CancellationError()))
+            resume(id, with: WaiterOutcome.cancelled)
             onCancel()
         }
+        return try outcome.result(as: Value.self)
     }
 
-    /// Resumes waiter `id` with `result` (outside the lock), or keeps the result for it if it has not
-    /// registered yet. A waiter that was already resumed is left alone: its first outcome stands.
+    /// Resumes waiter `id` with `outcome` (outside the lock), or keeps the outcome for it if it has
+    /// not registered yet. A waiter that was already resumed is left alone: its first outcome stands.
     @inlinable
-    func resume(_ id: ID, with result: Result<Value, any Error>) {
-        cell.withWaiterSlots { Self.take(id, settlingWith: result, in: &$0) }?.resume(with: result)
+    func resume(_ id: ID, with outcome: WaiterOutcome) {
+        cell.withWaiterSlots { WaiterSlot.take(id, settlingWith: outcome, in: &$0) }?.resume(returning: outcome)
     }
 
     /// Resumes waiters `ids`, in their order, with `result` (as ``resume(_:with:)`` does each), taking
-    /// the lock once for all of them: a flight that settles resumes every waiter this way.
+    /// the lock once for all of them: a flight that settles resumes every waiter this way. Only this
+    /// call knows `Value`: the slots and the loop do not (see ``WaiterOutcome``).
     @inlinable
     func resume(_ ids: [ID], with result: Result<Value, any Error>) {
-        var continuations: [UnsafeContinuation<Value, any Error>] = []
-        continuations.reserveCapacity(ids.count)
-        cell.withWaiterSlots { slots in
-            for id in ids {
-                if let continuation = Self.take(id, settlingWith: result, in: &slots) {
-                    continuations.append(continuation)
-                }
-            }
-        }
-        for continuation in continuations { continuation.resume(with: result) }
+        guard !ids.isEmpty else { return }
+        let outcome: WaiterOutcome = WaiterResult(result)
+        let continuations = cell.withWaiterSlots { WaiterSlot.take(ids, settlingWith: outcome, in: &$0) }
+        for continuation in continuations { continuation.resume(returning: outcome) }
     }
 
+    /// The number of waiters not yet resumed-and-gone (for tests).
+    var count: Int { cell.withWaiterSlots { $0.count } }
+}
+
+/// Where one waiting caller stands (see ``WaiterTable``). It does not depend on the state's value
+/// type, so a settling flight's loop over its waiters runs specialized in the library, whatever the
+/// caller's type.
+@usableFromInline
+enum WaiterSlot: Sendable {
+    /// Its id was handed out; its continuation is not registered yet.
+    case pending
+    /// It is suspended on this continuation.
+    case waiting(UnsafeContinuation<WaiterOutcome, Never>)
+    /// Its outcome arrived before it registered.
+    case resolved(WaiterOutcome)
+
     /// Under the lock: takes waiter `id`'s continuation out of `slots` to be resumed, or keeps
-    /// `result` for a waiter that has not registered yet; `nil` when it is gone or already resolved.
+    /// `outcome` for a waiter that has not registered yet; `nil` when it is gone or already resolved.
     @inlinable
     static func take(
-        _ id: ID, settlingWith result: Result<Value, any Error>, in slots: inout [UInt64: Slot]
-    ) -> UnsafeContinuation<Value, any Error>? {
+        _ id: UInt64, settlingWith outcome: WaiterOutcome, in slots: inout [UInt64: WaiterSlot]
+    ) -> UnsafeContinuation<WaiterOutcome, Never>? {
         switch slots[id] {
         case .pending:
-            slots[id] = .resolved(result)
+            slots[id] = .resolved(outcome)
             return nil
         case .waiting(let continuation):
             slots[id] = nil
@@ -95,17 +106,52 @@ struct WaiterTable<Value: Sendable>: Sendable {
         }
     }
 
-    /// The number of waiters not yet resumed-and-gone (for tests).
-    var count: Int { cell.withWaiterSlots { $0.count } }
+    /// Under the lock: ``take(_:settlingWith:in:)`` for each of `ids`, in order; the continuations
+    /// to resume.
+    @usableFromInline
+    static func take(
+        _ ids: [UInt64], settlingWith outcome: WaiterOutcome, in slots: inout [UInt64: WaiterSlot]
+    ) -> [UnsafeContinuation<WaiterOutcome, Never>] {
+        var continuations: [UnsafeContinuation<WaiterOutcome, Never>] = []
+        continuations.reserveCapacity(ids.count)
+        for id in ids {
+            if let continuation = take(id, settlingWith: outcome, in: &slots) { continuations.append(continuation) }
+        }
+        return continuations
+    }
 }
 
-/// Where one waiting caller stands (see ``WaiterTable``).
+/// What a waiter is resumed with: one object for all the waiters of a settled flight (a
+/// ``WaiterResult``), or ``cancelled`` for a waiter whose task was cancelled. A waiter's continuation
+/// carries this reference rather than the value, so that neither the slots nor the settling loop
+/// depend on the value's type.
 @usableFromInline
-enum WaiterSlot<Value: Sendable> {
-    /// Its id was handed out; its continuation is not registered yet.
-    case pending
-    /// It is suspended on this continuation.
-    case waiting(UnsafeContinuation<Value, any Error>)
-    /// Its outcome arrived before it registered.
-    case resolved(Result<Value, any Error>)
+class WaiterOutcome: @unchecked Sendable {
+    // @unchecked: this base class has no state, and its one subclass holds only a `let` of a
+    // `Sendable` type (`Result<Value, any Error>` with `Value: Sendable`); nothing is ever mutated.
+
+    /// A waiter whose task was cancelled: it throws `CancellationError`.
+    @usableFromInline static let cancelled = WaiterOutcome()
+
+    @usableFromInline init() {}
+
+    /// The value, or the error to throw. `Value` is the waiting state's type, which a settled
+    /// flight's ``WaiterResult`` always has.
+    @inlinable
+    func result<Value: Sendable>(as _: Value.Type) throws -> Value {
+        if self === WaiterOutcome.cancelled { throw CancellationError() }
+        return try unsafeDowncast(self, to: WaiterResult<Value>.self).result.get()
+    }
+}
+
+/// The outcome of a settled flight, shared by all its waiters.
+@usableFromInline
+final class WaiterResult<Value: Sendable>: WaiterOutcome, @unchecked Sendable {
+    // @unchecked: see ``WaiterOutcome``; `result` is a `let` of a `Sendable` type.
+    @usableFromInline let result: Result<Value, any Error>
+
+    @usableFromInline
+    init(_ result: Result<Value, any Error>) {
+        self.result = result
+    }
 }
