@@ -272,8 +272,8 @@ struct ReferenceModel {
         let unresolved = Set(tasks.keys).subtracting(outcomes.withLock { $0 }.keys)
         guard unresolved.isEmpty else { return "seed \(seed): callers never resolved: \(unresolved.sorted())" }
         guard clock.pendingSleepers == 0 else { return "seed \(seed): sleepers left: \(clock.pendingSleepers)" }
-        guard state.store.waiters.count == 0 else {
-            return "seed \(seed): waiter slots left: \(state.store.waiters.count)"
+        guard state.store.waiterCount == 0 else {
+            return "seed \(seed): waiter slots left: \(state.store.waiterCount)"
         }
         return nil
     }

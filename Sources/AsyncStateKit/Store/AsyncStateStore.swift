@@ -42,8 +42,6 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     @usableFromInline let cell: SnapshotCell<Value>
     /// The injected clock.
     @usableFromInline let clock: StoreClock
-    /// The continuations of waiting callers (see ``WaiterTable``).
-    @inlinable var waiters: WaiterTable<Value> { WaiterTable(cell: cell) }
     /// Whether `value` serves stale data at once and refreshes it in the background.
     @usableFromInline let staleWhileRevalidate: Bool
     /// How `value` (and `snapshot(retry:_:)`) fetch: serving stale data at once under
@@ -70,6 +68,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         /// When the flight in flight started, and how many attempts it has started (for observers).
         @usableFromInline var flightStartedAt: Duration = .zero
         @usableFromInline var attempts = 0
+        /// The callers waiting for a flight, by waiter id (see ``WaiterSlot``).
+        @usableFromInline var waiterSlots: [UInt64: WaiterSlot] = [:]
 
         @usableFromInline
         init(machine: Machine) {
@@ -92,8 +92,11 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         @usableFromInline var cancelled: (Task<Void, Never>?, Task<Void, Never>?, Task<Void, Never>?) = (
             nil, nil, nil
         )
-        /// Waiters to resume, and with what.
-        @usableFromInline var resumed: (waiters: Set<Machine.WaiterID>, result: Result<Value, any Error>)?
+        /// Waiters to resume (taken out of the table under the lock), and with what.
+        @usableFromInline var resumed:
+            (continuations: [UnsafeContinuation<WaiterOutcome, Never>], outcome: WaiterOutcome)?
+        /// A waiter whose task was cancelled, to resume with ``WaiterOutcome/cancelled``.
+        @usableFromInline var cancelledWaiter: UnsafeContinuation<WaiterOutcome, Never>?
         /// Events for the observer, in order (only with an observer).
         @usableFromInline var events: [AsyncStateEvent.Kind] = []
 
@@ -114,15 +117,13 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         }
 
         @inlinable
-        func perform(on waiters: WaiterTable<Value>) {
+        func perform() {
             cancelled.0?.cancel()
             cancelled.1?.cancel()
             cancelled.2?.cancel()
+            cancelledWaiter?.resume(returning: WaiterOutcome.cancelled)
             if let resumed {
-                // In arrival order (ids grow): callers that are children of one task group then
-                // finish in the order they were added, which the runtime's group handles in O(1)
-                // each (in hash order, its child list makes them quadratic).
-                waiters.resume(resumed.waiters.sorted(), with: resumed.result)
+                for continuation in resumed.continuations { continuation.resume(returning: resumed.outcome) }
             }
         }
     }
@@ -177,7 +178,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         defer {
             // The observer hears of a settle before its waiters resume.
             if !effects.events.isEmpty { events?.drain() }
-            effects.perform(on: waiters)
+            effects.perform()
         }
         return try core.withLock { core in
             defer { if !effects.events.isEmpty { events?.enqueue(effects.events) } }
@@ -258,7 +259,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
                 started = true
             }
             // Announced under the lock, so that an outcome arriving before the caller suspends is kept.
-            waiters.add(waiter)
+            core.waiterSlots[waiter] = .pending
             return .wait(waiter, started: started)
         }
     }
@@ -294,7 +295,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             } else {
                 begin(attempt, reason: .retry, at: now, in: &core, &effects)
             }
-            waiters.add(waiter)
+            core.waiterSlots[waiter] = .pending
             return waiter
         }
         if let waiter { _ = try await wait(waiter) }
@@ -359,9 +360,12 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     @inlinable
     func waiterCancelled(_ waiter: Machine.WaiterID) {
         withCore { core, effects in
+            // It stops waiting at once (after the lock), whatever the machine does with its flight.
+            effects.cancelledWaiter = WaiterSlot.take(
+                waiter, settlingWith: WaiterOutcome.cancelled, in: &core.waiterSlots)
             switch core.machine.waiterCancelled(waiter) {
             case .none, .left:
-                break  // the waiter resumed itself with `CancellationError`
+                break  // the waiter is resumed with `CancellationError` above, the flight goes on
             case .leftAndEndedFlight:
                 flightLostItsWaiters(in: &core, &effects)
             }
@@ -445,7 +449,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             }
             endFlightTasks(in: &core, &effects)
             publish(core.machine, at: now)
-            effects.resumed = (ids, result)
+            resume(ids, with: result, in: &core, &effects)
         }
     }
 
@@ -457,7 +461,20 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     ) {
         guard case .end(let ids) = ended else { return }
         endFlightTasks(in: &core, &effects)
-        effects.resumed = (ids, result)
+        resume(ids, with: result, in: &core, &effects)
+    }
+
+    /// Takes waiters `ids` out of the table, to be resumed with `result` once the lock is released:
+    /// one shared ``WaiterResult``, in arrival order (ids grow). Callers that are children of one task
+    /// group then finish in the order they were added, which the runtime's group handles in O(1) each
+    /// (in hash order, its child list makes them quadratic).
+    private func resume(
+        _ ids: Set<Machine.WaiterID>, with result: Result<Value, any Error>, in core: inout Core,
+        _ effects: inout Effects
+    ) {
+        guard !ids.isEmpty else { return }
+        let outcome = WaiterResult(result)
+        effects.resumed = (WaiterSlot.take(ids.sorted(), settlingWith: outcome, in: &core.waiterSlots), outcome)
     }
 
     /// Cancels (after the lock) the flight's attempt — its operation — and its timer.
@@ -505,8 +522,26 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// the memory the runtime gives a new task (984 bytes), and a joiner mallocs no second slab.
     @inlinable @inline(__always)
     func wait(_ waiter: Machine.WaiterID) async throws -> Value {
-        try await waiters.wait(waiter) { self.waiterCancelled(waiter) }
+        let outcome = await withTaskCancellationHandler {
+            await withUnsafeContinuation { (continuation: UnsafeContinuation<WaiterOutcome, Never>) in
+                let early = core.withLock { core -> WaiterOutcome? in
+                    if case .resolved(let outcome) = core.waiterSlots[waiter] {
+                        core.waiterSlots[waiter] = nil
+                        return outcome
+                    }
+                    core.waiterSlots[waiter] = .waiting(continuation)
+                    return nil
+                }
+                if let early { continuation.resume(returning: early) }
+            }
+        } onCancel: {
+            waiterCancelled(waiter)
+        }
+        return try outcome.result(as: Value.self)
     }
+
+    /// The number of waiters whose slots are still in the table (for tests).
+    var waiterCount: Int { core.withLock { $0.waiterSlots.count } }
 
     /// The attempt's task: runs the operation, marked as this attempt for the reentrancy check, and
     /// reports how it ended — always, whatever it threw, so the machine sees every end.

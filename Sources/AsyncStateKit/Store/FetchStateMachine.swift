@@ -146,8 +146,8 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         case settle(waiters: Set<WaiterID>, result: Result<Value, any Error>)
     }
 
-    /// What to do after ``waiterCancelled(_:)``. The waiter has already resumed itself with
-    /// `CancellationError` (see `WaiterTable`); this says what becomes of the flight.
+    /// What to do after ``waiterCancelled(_:)``. The store resumes the waiter with
+    /// `CancellationError` whatever this says (see `WaiterSlot`); this says what becomes of the flight.
     @usableFromInline
     enum WaiterCancelledAction {
         /// The waiter was no longer waiting (already resumed): nothing to do.

@@ -29,5 +29,5 @@ public struct FetchStateMachineBenchmark {
 extension AsyncState {
     /// How many callers are waiting for this state's fetch, for the benchmarks package. Not API.
     @_spi(Benchmarks)
-    public var waitingCallers: Int { store.waiters.count }
+    public var waitingCallers: Int { store.waiterCount }
 }

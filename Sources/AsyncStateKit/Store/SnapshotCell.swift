@@ -14,8 +14,6 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         var subscribers: [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation] = [:]
         /// The next subscriber id.
         var nextSubscriber: UInt64 = 0
-        /// The callers waiting for a flight (managed by ``WaiterTable``).
-        @usableFromInline var waiterSlots: [UInt64: WaiterSlot] = [:]
     }
 
     /// How long data stays fresh (zero or less: never).
@@ -117,12 +115,6 @@ final class SnapshotCell<Value: Sendable>: Sendable {
 
     /// The number of subscribers whose streams have not ended (for tests).
     var subscriberCount: Int { contents.withLock { $0.subscribers.count } }
-
-    /// Runs `body` on the waiter slots, under the lock (for ``WaiterTable``).
-    @inlinable
-    func withWaiterSlots<Result>(_ body: (inout [UInt64: WaiterSlot]) -> Result) -> Result {
-        contents.withLock { body(&$0.waiterSlots) }
-    }
 }
 
 extension SnapshotCell.Contents {
