@@ -20,6 +20,9 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     typealias OnRemoval = @Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void
 
     @usableFromInline let shards: [LockedValue<Shard>]
+    /// The first shard (the only one of a small family), held directly: a hit on it reads a stored
+    /// property, so the shard's storage is not retained and released around the hit.
+    @usableFromInline let firstShard: LockedValue<Shard>
     @usableFromInline let shardMask: Int
     let configuration: StoreConfiguration<Value?>
     @usableFromInline let clock: StoreClock
@@ -70,6 +73,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
                     weightLimit: maximumWeight.map { $0 / shardCount + (index < $0 % shardCount ? 1 : 0) },
                     weigher: weigher, tracksIdle: idleExpiry != nil))
         }
+        firstShard = shards[0]
         isWeighed = maximumWeight != nil
         shardMask = shardCount - 1
         self.capacity = capacity
@@ -97,9 +101,12 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     func freshValue(of key: Key, at now: Duration) -> Value? {
         let hash = key.hashValue
         // Through the buffer: the shard is borrowed, not retained and released.
-        let fresh = shards.withUnsafeBufferPointer { shards in
-            shards[hash & shardMask].withLock { $0.freshValue(of: key, hash: hash, at: now, hitWindow: hitWindow) }
-        }
+        let fresh =
+            shardMask == 0
+            ? firstShard.withLock { $0.freshValue(of: key, hash: hash, at: now, hitWindow: hitWindow) }
+            : shards.withUnsafeBufferPointer { shards in
+                shards[hash & shardMask].withLock { $0.freshValue(of: key, hash: hash, at: now, hitWindow: hitWindow) }
+            }
         if isObserved, fresh != nil { observeHit(of: key) }
         return fresh
     }
