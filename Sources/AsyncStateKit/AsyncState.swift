@@ -311,6 +311,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
     /// - Throws: `CancellationError` when the caller's task is cancelled;
     ///   ``AsyncStateError/reentrantCall`` and ``AsyncStateError/tooManyAbandonedOperations(limit:)``,
     ///   which no fetch ran to put in the phase.
+    @inlinable
     public nonisolated(nonsending) func snapshot(retry: RetryPolicy? = nil, _ operation: @escaping Operation)
         async throws -> AsyncSnapshot<Value>
     {
@@ -318,6 +319,41 @@ public struct AsyncState<Value: Sendable>: Sendable {
             if store.isObserved { store.observeHit() }
             return fresh
         }
+        return try await snapshotFromStore(operation, retry: retry)
+    }
+
+    /// Answers like ``snapshot(retry:_:)``, passing `context` to an operation that captures nothing,
+    /// so that a hit allocates nothing whatever the operation needs (see ``value(using:retry:_:)``):
+    ///
+    /// ```swift
+    /// let snapshot = try await $config.snapshot(using: client) { try await $0.loadConfig() }
+    /// ```
+    ///
+    /// - Parameters:
+    ///   - context: What the operation needs. On a miss it is kept with the operation while the fetch
+    ///     is in flight.
+    ///   - retry: The retry policy for a fetch this call starts; `nil` for the state's.
+    ///   - operation: Fetches the value from `context`. It should capture nothing.
+    /// - Returns: The snapshot once the call is answered, as ``snapshot(retry:_:)`` does.
+    /// - Throws: What ``snapshot(retry:_:)`` throws.
+    @inlinable
+    public nonisolated(nonsending) func snapshot<Context: Sendable>(
+        using context: Context, retry: RetryPolicy? = nil,
+        _ operation: @escaping @Sendable (Context) async throws -> Value
+    ) async throws -> AsyncSnapshot<Value> {
+        if let fresh = store.cell.freshSnapshot(at: store.clock.now()) {
+            if store.isObserved { store.observeHit() }
+            return fresh
+        }
+        return try await snapshotFromStore({ try await operation(context) }, retry: retry)
+    }
+
+    /// The miss path of ``snapshot(retry:_:)``: the latest snapshot once the store has answered.
+    /// Specialized in the caller's module, never inlined into it (as ``fetchFromStore(_:retry:servesStale:)``).
+    @inlinable @inline(never)
+    nonisolated(nonsending) func snapshotFromStore(_ operation: @escaping Operation, retry: RetryPolicy?)
+        async throws -> AsyncSnapshot<Value>
+    {
         do {
             _ = try await fetchFromStore(operation, retry: retry, servesStale: true)
         } catch {

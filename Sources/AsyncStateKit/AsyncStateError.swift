@@ -50,6 +50,7 @@ public enum AsyncStateError: Error, Sendable, Hashable, CustomStringConvertible 
 /// What `snapshot(retry:_:)` throws of an error its fetch ended with: `CancellationError` when the
 /// caller's task is cancelled, and the errors no fetch ran to put in the phase (a reentrant call, too
 /// many abandoned operations). The others are in the snapshot's phase.
+@usableFromInline
 func rethrowIfNotInPhase(_ error: any Error) throws {
     try Task.checkCancellation()
     switch error as? AsyncStateError {

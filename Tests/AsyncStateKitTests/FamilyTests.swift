@@ -332,6 +332,25 @@ final class RemovalLog: Sendable {
         #expect(family[2] == 7)
     }
 
+    @Test func snapshotUsingAContextForAKey() async throws {
+        let clock = VirtualClock()
+        let source = KeyedSource(clock: clock, duration: .zero, failing: [2])
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(10), clock: clock)
+        let first = try await family.snapshot(for: 1, using: source) { key, source in try await source.load(key) }
+        #expect(first.value == 11)
+        #expect(first.phase.lastUpdated != nil)
+        let hit = try await family.snapshot(for: 1, using: source) { _, _ in -1 }  // fresh: not run
+        #expect(hit.value == 11)
+        #expect(!hit.isExpired)
+        let failed = try await family.snapshot(for: 2, using: source) { key, source in try await source.load(key) }
+        #expect(failed.phase.error is SourceDown)  // in the phase, not thrown
+        #expect(failed.value == nil)
+        #expect(source.keys == [1, 2])
+        await clock.advance(by: .seconds(10))
+        let refetched = try await family.snapshot(for: 1, using: 5) { key, offset in key + offset }
+        #expect(refetched.value == 6)
+    }
+
     @Test(arguments: [0, -5])
     func aCapacityBelowOneMeansOne(_ capacity: Int) async throws {
         let family = AsyncStateFamily<Int, Int>(capacity: capacity, clock: VirtualClock())

@@ -285,4 +285,39 @@ import Testing
         await state.invalidate()
         await #expect(throws: SourceDown.self) { try await state.value(using: SourceDown()) { throw $0 } }
     }
+
+    @Test func snapshotUsingAContextRunsOnlyOnAMissAndPutsAFailureInThePhase() async throws {
+        let clock = VirtualClock()
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(10), clock: clock)
+        let client = Client()
+        let first = try await state.snapshot(using: (client, 4)) { try await $0.0.number($0.1) }
+        #expect(first.value == 40)
+        #expect(first.phase.lastUpdated != nil)
+        let hit = try await state.snapshot(using: (client, 5)) { try await $0.0.number($0.1) }  // fresh: not run
+        #expect(hit.value == 40)
+        #expect(!hit.isExpired)
+        #expect(client.calls.withLock { $0 } == 1)
+        await clock.advance(by: .seconds(10))
+        let failed = try await state.snapshot(using: client) { _ in throw SourceDown() }  // not thrown
+        #expect(failed.phase.error is SourceDown)
+        #expect(failed.value == 40)
+        #expect(client.calls.withLock { $0 } == 1)
+    }
+
+    @Test func snapshotUsingAContextThrowsCancellationAndJoinsTheFlight() async throws {
+        let clock = VirtualClock()
+        let state = AsyncState<Int>(wrappedValue: 0, clock: clock)
+        let source = Source<Int>()
+        let load = source.operation(on: clock, value: 3)
+        let first = clock.task { try await state.value(load) }
+        let second = clock.task { try await state.snapshot(using: 99) { _ in 99 } }  // joins: not run
+        let cancelled = clock.task { try await state.snapshot(using: 98) { _ in 98 } }
+        await clock.settle()
+        cancelled.cancel()
+        await #expect(throws: CancellationError.self) { try await cancelled.value }
+        await clock.advance(by: .seconds(1))
+        #expect(try await first.value == 3)
+        #expect(try await second.value.value == 3)
+        #expect(source.runs == 1)
+    }
 }

@@ -289,6 +289,28 @@ let benchmarks: @Sendable () -> Void = {
         }
     }
 
+    // `snapshot`, the call a server answering with the value's metadata makes (the example does), the
+    // same two ways.
+    Benchmark("Hit:snapshot(_:)-fresh-capturing", configuration: capturingScale) { benchmark in
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(3_600))
+        let database = Database()
+        _ = try await state.snapshot { try await database.number(for: 1) }
+        benchmark.startMeasurement()
+        for key in benchmark.scaledIterations {
+            blackHole(try await state.snapshot { try await database.number(for: key) })
+        }
+    }
+
+    Benchmark("Hit:snapshot(using:_:)-fresh", configuration: nanosecondScale) { benchmark in
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(3_600))
+        let database = Database()
+        _ = try await state.snapshot(using: (database, 1)) { try await $0.0.number(for: $0.1) }
+        benchmark.startMeasurement()
+        for key in benchmark.scaledIterations {
+            blackHole(try await state.snapshot(using: (database, key)) { try await $0.0.number(for: $0.1) })
+        }
+    }
+
     Benchmark("Hit:fetch(_:)-fresh", configuration: nanosecondScale) { benchmark in
         let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(3_600))
         await state.fetch(loadNumber)

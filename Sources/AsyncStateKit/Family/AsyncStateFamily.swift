@@ -260,7 +260,44 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
     ) async throws -> AsyncSnapshot<Value?> {
         if let fresh = core.freshSnapshot(of: key, at: core.clock.now()) { return fresh }
-        return try await core.using(key) { store in
+        return try await snapshotFromStore(for: key, retry: retry, operation)
+    }
+
+    /// Answers like ``snapshot(for:retry:_:)``, passing `context` to an operation that captures
+    /// nothing, so that a hit allocates nothing whatever the operation needs (see
+    /// ``value(for:using:retry:_:)``):
+    ///
+    /// ```swift
+    /// let snapshot = try await $profiles.snapshot(for: id, using: database) { id, database in
+    ///     try await database.profile(id)
+    /// }
+    /// ```
+    ///
+    /// - Parameters:
+    ///   - key: The key; its entry is made if it has none.
+    ///   - context: What the operation needs besides the key. On a miss it is kept with the operation
+    ///     while the fetch is in flight.
+    ///   - retry: The retry policy for a fetch this call starts; `nil` for the family's.
+    ///   - operation: Fetches the value of the key it is given, from `context`. It should capture
+    ///     nothing.
+    /// - Returns: `key`'s snapshot once the call is answered (its value is `nil` if the key never had
+    ///   one).
+    /// - Throws: What ``AsyncState/snapshot(retry:_:)`` throws.
+    @inlinable
+    public nonisolated(nonsending) func snapshot<Context: Sendable>(
+        for key: Key, using context: Context, retry: RetryPolicy? = nil,
+        _ operation: @escaping @Sendable (Key, Context) async throws -> Value
+    ) async throws -> AsyncSnapshot<Value?> {
+        if let fresh = core.freshSnapshot(of: key, at: core.clock.now()) { return fresh }
+        return try await snapshotFromStore(for: key, retry: retry) { try await operation($0, context) }
+    }
+
+    /// The miss path of ``snapshot(for:retry:_:)``: the snapshot once `key`'s store has answered.
+    @usableFromInline
+    nonisolated(nonsending) func snapshotFromStore(
+        for key: Key, retry: RetryPolicy?, _ operation: @escaping Operation
+    ) async throws -> AsyncSnapshot<Value?> {
+        try await core.using(key) { store in
             do {
                 _ = try await fetch(key, from: store, mode: store.servingMode, retry: retry, operation)
             } catch {

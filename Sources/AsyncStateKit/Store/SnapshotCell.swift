@@ -59,6 +59,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
 
     /// The current snapshot if the data is fresh at `now` (and not due for a refresh ahead), else
     /// `nil`: the hit path of `snapshot(retry:_:)`, the value and its metadata read under one lock.
+    @inlinable
     func freshSnapshot(at now: Duration) -> AsyncSnapshot<Value>? {
         contents.withLock { contents in
             guard isWithinExpiry(since: contents.freshSince, at: now, expiry: hitWindow) else { return nil }

@@ -113,22 +113,24 @@ public final class Catalog: Sendable {
         return restored
     }
 
-    // The operations: each fetch goes through the states, never straight to the upstream.
+    // The operations: each fetch goes through the states, never straight to the upstream. Each passes
+    // what it needs as a context to an operation that captures nothing, so that a fresh answer
+    // allocates no closure (`snapshot(using:)`).
 
     func configSnapshot() async throws -> AsyncSnapshot<ServiceConfig> {
-        try await config.snapshot { [upstream] in try await upstream.config() }
+        try await config.snapshot(using: upstream) { try await $0.config() }
     }
 
     func ratesSnapshot() async throws -> AsyncSnapshot<Rates> {
-        try await rates.snapshot { [upstream] in try await upstream.rates() }
+        try await rates.snapshot(using: upstream) { try await $0.rates() }
     }
 
     func profileSnapshot(_ id: Int) async throws -> AsyncSnapshot<Profile?> {
-        try await profiles.snapshot(for: id) { [upstream] id in try await upstream.profile(id) }
+        try await profiles.snapshot(for: id, using: upstream) { id, upstream in try await upstream.profile(id) }
     }
 
     func tenantSnapshot(_ id: String) async throws -> AsyncSnapshot<TenantConfig?> {
-        try await tenants.snapshot(for: id) { [tenantStore] id in try await tenantStore.tenant(id) }
+        try await tenants.snapshot(for: id, using: tenantStore) { id, store in try await store.tenant(id) }
     }
 
     /// How a write reached the other replicas.
