@@ -271,16 +271,22 @@ import Testing
         #expect(state.phase.error is SourceDown)
     }
 
-    @Test func itSharesSingleFlightAndErrorsWithValue() async throws {
+    @Test func valueAndSnapshotUsingAContextShareSingleFlightAndCancellation() async throws {
         let clock = VirtualClock()
         let state = AsyncState<Int>(wrappedValue: 0, clock: clock)
         let source = Source<Int>()
         let load = source.operation(on: clock, value: 3)
         let first = clock.task { try await state.value(load) }
         let second = clock.task { try await state.value(using: 99) { _ in 99 } }  // joins: its operation never runs
+        let third = clock.task { try await state.snapshot(using: 98) { _ in 98 } }  // joins too
+        let cancelled = clock.task { try await state.snapshot(using: 97) { _ in 97 } }
+        await clock.settle()
+        cancelled.cancel()
+        await #expect(throws: CancellationError.self) { try await cancelled.value }
         await clock.advance(by: .seconds(1))
         #expect(try await first.value == 3)
         #expect(try await second.value == 3)
+        #expect(try await third.value.value == 3)
         #expect(source.runs == 1)
         await state.invalidate()
         await #expect(throws: SourceDown.self) { try await state.value(using: SourceDown()) { throw $0 } }
@@ -302,22 +308,5 @@ import Testing
         #expect(failed.phase.error is SourceDown)
         #expect(failed.value == 40)
         #expect(client.calls.withLock { $0 } == 1)
-    }
-
-    @Test func snapshotUsingAContextThrowsCancellationAndJoinsTheFlight() async throws {
-        let clock = VirtualClock()
-        let state = AsyncState<Int>(wrappedValue: 0, clock: clock)
-        let source = Source<Int>()
-        let load = source.operation(on: clock, value: 3)
-        let first = clock.task { try await state.value(load) }
-        let second = clock.task { try await state.snapshot(using: 99) { _ in 99 } }  // joins: not run
-        let cancelled = clock.task { try await state.snapshot(using: 98) { _ in 98 } }
-        await clock.settle()
-        cancelled.cancel()
-        await #expect(throws: CancellationError.self) { try await cancelled.value }
-        await clock.advance(by: .seconds(1))
-        #expect(try await first.value == 3)
-        #expect(try await second.value.value == 3)
-        #expect(source.runs == 1)
     }
 }
