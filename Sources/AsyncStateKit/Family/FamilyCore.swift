@@ -101,8 +101,9 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     func freshValue(of key: Key, at now: Duration) -> Value? {
         let hash = key.hashValue
         // A one-shard family reads its shard from a stored property: `perf` shows no retain and
-        // release of the shard's storage then, where the array's element, even read through its
-        // buffer, is retained and released around the hit.
+        // release of the shard's storage then, where an array's element, even read through its
+        // buffer, is retained and released around the hit. (Through a helper taking the body as a
+        // closure, the same hit took 2–4 ns more.)
         let fresh =
             shardMask == 0
             ? firstShard.withLock { $0.freshValue(of: key, hash: hash, at: now, hitWindow: hitWindow) }

@@ -25,8 +25,8 @@ enum OperationContext {
 /// cancelled waiter leaves in O(1) without a hop, and under a `VirtualClock` every event runs inside a
 /// job the clock already counts (the store's own tasks prefer the clock's executor).
 ///
-/// Lock order: this store's lock, then its ``SnapshotCell``'s (to publish or to announce a waiter),
-/// never the reverse. A paged state's activity lock comes between them: its `onStart` hook takes it
+/// Lock order: this store's lock, then its ``SnapshotCell``'s (to publish), never the reverse. The
+/// table of waiters is under this store's lock, beside the machine. A paged state's activity lock comes between them: its `onStart` hook takes it
 /// under this lock, and its `activity` getter reads the cell under it.
 ///
 /// Lifetime: the store keeps an operation only inside the machine's flight, and its tasks only while
@@ -92,9 +92,12 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         @usableFromInline var cancelled: (Task<Void, Never>?, Task<Void, Never>?, Task<Void, Never>?) = (
             nil, nil, nil
         )
-        /// Waiters to resume (taken out of the table under the lock), and with what.
+        /// Waiters to resume (taken out of the table under the lock, by id), and with what.
         @usableFromInline var resumed:
-            (continuations: [UnsafeContinuation<WaiterOutcome, Never>], outcome: WaiterOutcome)?
+            (
+                continuations: [(id: UInt64, continuation: UnsafeContinuation<WaiterOutcome, Never>)],
+                outcome: WaiterOutcome
+            )?
         /// A waiter whose task was cancelled, to resume with ``WaiterOutcome/cancelled``.
         @usableFromInline var cancelledWaiter: UnsafeContinuation<WaiterOutcome, Never>?
         /// Events for the observer, in order (only with an observer).
@@ -123,7 +126,10 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             cancelled.2?.cancel()
             cancelledWaiter?.resume(returning: WaiterOutcome.cancelled)
             if let resumed {
-                for continuation in resumed.continuations { continuation.resume(returning: resumed.outcome) }
+                // In arrival order (ids grow), sorted here rather than under the lock.
+                for waiter in resumed.continuations.sorted(by: { $0.id < $1.id }) {
+                    waiter.continuation.resume(returning: resumed.outcome)
+                }
             }
         }
     }
@@ -223,7 +229,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// The synchronous half of ``fetch(_:mode:policy:)``: the machine decides, under the lock, whether
     /// the caller gets an answer now or waits for a flight (which this call may have started). A
     /// ticket to wait on must be waited on (``wait(_:)``), or the flight keeps a waiter that never
-    /// leaves.
+    /// leaves, and the table its slot.
     /// `reason`: why a flight this call starts started, for the observer (by default from `mode`).
     /// `onStart`: called under the lock when this call starts a flight (not a background one), before
     /// the flight's `loading` phase is published.
@@ -465,16 +471,16 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// Takes waiters `ids` out of the table, to be resumed with `result` once the lock is released:
-    /// one shared ``WaiterResult``, in arrival order (ids grow). Callers that are children of one task
-    /// group then finish in the order they were added, which the runtime's group handles in O(1) each
-    /// (in hash order, its child list makes them quadratic).
+    /// one shared ``WaiterResult``, in arrival order (ids grow; see ``Effects/perform()``). Callers
+    /// that are children of one task group then finish in the order they were added, which the
+    /// runtime's group handles in O(1) each (in hash order, its child list makes them quadratic).
     private func resume(
         _ ids: Set<Machine.WaiterID>, with result: Result<Value, any Error>, in core: inout Core,
         _ effects: inout Effects
     ) {
         guard !ids.isEmpty else { return }
         let outcome = WaiterResult(result)
-        effects.resumed = (WaiterSlot.take(ids.sorted(), settlingWith: outcome, in: &core.waiterSlots), outcome)
+        effects.resumed = (WaiterSlot.take(ids, settlingWith: outcome, in: &core.waiterSlots), outcome)
     }
 
     /// Cancels (after the lock) the flight's attempt — its operation — and its timer.
@@ -525,9 +531,14 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         let outcome = await withTaskCancellationHandler {
             await withUnsafeContinuation { (continuation: UnsafeContinuation<WaiterOutcome, Never>) in
                 let early = core.withLock { core -> WaiterOutcome? in
-                    if case .resolved(let outcome) = core.waiterSlots[waiter] {
+                    switch core.waiterSlots[waiter] {
+                    case .resolved(let outcome):
                         core.waiterSlots[waiter] = nil
                         return outcome
+                    case .pending:
+                        break
+                    case .waiting, nil:
+                        assertionFailure("waiter \(waiter) waited for twice, or without a ticket")
                     }
                     core.waiterSlots[waiter] = .waiting(continuation)
                     return nil

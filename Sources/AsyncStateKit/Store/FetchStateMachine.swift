@@ -146,8 +146,9 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         case settle(waiters: Set<WaiterID>, result: Result<Value, any Error>)
     }
 
-    /// What to do after ``waiterCancelled(_:)``. The store resumes the waiter with
-    /// `CancellationError` whatever this says (see `WaiterSlot`); this says what becomes of the flight.
+    /// What to do after ``waiterCancelled(_:)``: what becomes of the flight. A waiter that was still in
+    /// it gets `CancellationError` (the store takes it out of its table of waiters); one that was not
+    /// keeps the outcome it already got (see `WaiterSlot`).
     @usableFromInline
     enum WaiterCancelledAction {
         /// The waiter was no longer waiting (already resumed): nothing to do.

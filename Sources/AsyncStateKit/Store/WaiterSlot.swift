@@ -2,8 +2,8 @@
 /// behind the store's lock).
 ///
 /// A continuation created in nonisolated code resumes on the waiting task's own executor, and a
-/// cancelled caller leaves at once: its cancellation handler resumes it under the same lock that
-/// tells the machine.
+/// cancelled caller leaves at once: its cancellation handler takes its continuation out of the table
+/// under the same lock that tells the machine, and resumes it right after.
 ///
 /// Each waiter goes `pending` (the store handed out its id) → `waiting` (its continuation is
 /// registered) → gone (resumed). A continuation leaves the table, under the lock, before it is
@@ -41,16 +41,18 @@ enum WaiterSlot: Sendable {
         }
     }
 
-    /// Under the lock: ``take(_:settlingWith:in:)`` for each of `ids`, in order; the continuations
-    /// to resume (after the lock).
+    /// Under the lock: ``take(_:settlingWith:in:)`` for each of `ids`; the continuations to resume
+    /// (after the lock), with their ids.
     @usableFromInline
     static func take(
-        _ ids: [UInt64], settlingWith outcome: WaiterOutcome, in slots: inout [UInt64: WaiterSlot]
-    ) -> [UnsafeContinuation<WaiterOutcome, Never>] {
-        var continuations: [UnsafeContinuation<WaiterOutcome, Never>] = []
+        _ ids: Set<UInt64>, settlingWith outcome: WaiterOutcome, in slots: inout [UInt64: WaiterSlot]
+    ) -> [(id: UInt64, continuation: UnsafeContinuation<WaiterOutcome, Never>)] {
+        var continuations: [(id: UInt64, continuation: UnsafeContinuation<WaiterOutcome, Never>)] = []
         continuations.reserveCapacity(ids.count)
         for id in ids {
-            if let continuation = take(id, settlingWith: outcome, in: &slots) { continuations.append(continuation) }
+            if let continuation = take(id, settlingWith: outcome, in: &slots) {
+                continuations.append((id, continuation))
+            }
         }
         return continuations
     }
@@ -65,10 +67,11 @@ class WaiterOutcome: @unchecked Sendable {
     // @unchecked: this base class has no state, and its one subclass holds only a `let` of a
     // `Sendable` type (`Result<Value, any Error>` with `Value: Sendable`); nothing is ever mutated.
 
-    /// A waiter whose task was cancelled: it throws `CancellationError`.
+    /// A waiter whose task was cancelled: it throws `CancellationError`. The only instance that is
+    /// not a ``WaiterResult`` (the initializer is private to this file), which ``result(as:)`` relies on.
     @usableFromInline static let cancelled = WaiterOutcome()
 
-    @usableFromInline init() {}
+    fileprivate init() {}
 
     /// The value, or the error to throw. `Value` is the waiting state's type, which a settled
     /// flight's ``WaiterResult`` always has.
