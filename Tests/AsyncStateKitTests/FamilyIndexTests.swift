@@ -134,3 +134,60 @@ import Testing
         #expect(removed > 1_000)
     }
 }
+
+/// The frequency sketch: counts, saturation, halving, and the conservative update that keeps a
+/// collision from inflating a counter past every key counted in it.
+@Suite struct FrequencySketchTests {
+    /// The counters of the key with `hash`: (word index, bit shift) for each of its four rows.
+    static func counters(of hash: Int, in sketch: FrequencySketch) -> [(word: Int, shift: UInt64)] {
+        let spread = FrequencySketch.spread(hash)
+        let base = (Int(truncatingIfNeeded: spread) & sketch.blockMask) * 8
+        return (0..<4).map { row in
+            let (word, shift) = FrequencySketch.position(spread, row: row)
+            return (base + word, shift)
+        }
+    }
+
+    @Test func aKeyIsCountedUpToFifteenAndHalved() {
+        var sketch = FrequencySketch(capacity: 1_000)
+        for count in 1...20 {
+            sketch.increment(42)
+            #expect(sketch.estimate(42) == min(count, 15))
+        }
+        sketch.halve()
+        #expect(sketch.estimate(42) == 7)
+    }
+
+    /// Many keys in a small sketch share counters. Each use raises only the key's smallest counters,
+    /// so a counter never exceeds the largest estimate among the keys counted in it (a plain
+    /// count-min sketch adds every key's uses to every counter it shares, and fails this).
+    @Test func noCounterExceedsTheLargestEstimateOfItsKeys() {
+        var sketch = FrequencySketch(capacity: 16)  // 256 counters; halves after 160 uses
+        var random = FamilyModelTests.Random(state: 7)
+        let keys: [Int] = (0..<60).map { $0 &* 0x9E37_79B9 }
+        var uses = 0
+        for key in keys {
+            for _ in 0...random.next(2) {
+                sketch.increment(key)
+                uses += 1
+            }
+        }
+        #expect(uses < sketch.sampleSize)  // no halving in between
+        var largest: [Int: Int] = [:]  // counter (word * 64 + shift) -> the largest estimate of its keys
+        for key in keys {
+            for (word, shift) in Self.counters(of: key, in: sketch) {
+                largest[word * 64 + Int(shift), default: 0] = max(
+                    largest[word * 64 + Int(shift), default: 0], sketch.estimate(key))
+            }
+        }
+        var shared = 0
+        for key in keys {
+            for (word, shift) in Self.counters(of: key, in: sketch) {
+                let value = Int((sketch.words[word] >> shift) & 0xF)
+                #expect(value <= largest[word * 64 + Int(shift)]!)
+                if value > sketch.estimate(key) { shared += 1 }
+            }
+        }
+        #expect(shared > 0)  // the keys do collide: the check above is not vacuous
+    }
+}
