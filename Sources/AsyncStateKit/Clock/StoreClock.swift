@@ -17,7 +17,7 @@ struct StoreClock: Sendable {
     /// Suspends until `offset` since the origin (cancellable).
     let sleep: @Sendable (_ until: Duration) async throws -> Void
     /// The executor preference for the store's tasks (see `SettlingClock`).
-    let executor: (any TaskExecutor)?
+    @usableFromInline let executor: (any TaskExecutor)?
 
     init<C: Clock<Duration>>(_ clock: C) {
         // A `ContinuousClock` or `SuspendingClock` has no state of its own: every store shares one

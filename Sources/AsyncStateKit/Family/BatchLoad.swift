@@ -6,8 +6,9 @@
 /// policy) runs the batch operation for that key alone. The batch task starts once every flight is
 /// known, and is cancelled when every key's first attempt has stopped waiting (each flight was
 /// cancelled or timed out).
+@usableFromInline
 final class BatchLoad<Key: Hashable & Sendable, Value: Sendable>: Sendable {
-    typealias Operation = @Sendable ([Key]) async throws -> [Key: Value]
+    @usableFromInline typealias Operation = @Sendable ([Key]) async throws -> [Key: Value]
 
     private struct State {
         /// The batch's outcome, once it has one.
@@ -30,11 +31,13 @@ final class BatchLoad<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     private let operation: Operation
     private let state = LockedValue(State())
 
+    @usableFromInline
     init(operation: @escaping Operation) {
         self.operation = operation
     }
 
     /// Starts the batch for `keys` (the keys whose flights this batch call started).
+    @usableFromInline
     func start(_ keys: [Key], executor: (any TaskExecutor)?) {
         let task = Task(executorPreference: executor) { [self] in
             let outcome: Result<[Key: Value], any Error>
@@ -55,6 +58,7 @@ final class BatchLoad<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     /// The value of `key`: from the batch for its first attempt, from the operation run for `key`
     /// alone for a retry.
+    @usableFromInline
     func value(for key: Key) async throws -> Value {
         let isFirst = state.withLock { $0.asked.insert(key).inserted }
         guard isFirst else { return try Self.pick(key, from: await operation([key])) }
