@@ -32,21 +32,15 @@ struct FrequencySketch {
     mutating func increment(_ hash: Int) {
         let spread = Self.spread(hash)
         let base = (Int(truncatingIfNeeded: spread) & blockMask) &* 8
-        let added = words.withUnsafeMutableBufferPointer { words in
-            var smallest: UInt64 = 0xF
-            for row in 0..<4 {
-                let (word, shift) = Self.position(spread, row: row)
-                smallest = min(smallest, (words[base &+ word] >> shift) & 0xF)
-            }
-            guard smallest != 0xF else { return false }
+        let smallest = UInt64(estimate(hash))
+        guard smallest != 0xF else { return }
+        words.withUnsafeMutableBufferPointer { words in
             for row in 0..<4 {
                 let (word, shift) = Self.position(spread, row: row)
                 let counter = words.baseAddress! + (base &+ word)  // within the block: in bounds
                 if (counter.pointee >> shift) & 0xF == smallest { counter.pointee &+= 1 << shift }
             }
-            return true
         }
-        guard added else { return }
         counted += 1
         if counted >= sampleSize { halve() }
     }
