@@ -36,6 +36,10 @@ let package = Package(
             path: "Tools/HitRatio"
         ),
         .executableTarget(
+            name: "IndexLayout",
+            path: "Tools/IndexLayout"
+        ),
+        .executableTarget(
             name: "MemoryPerState",
             dependencies: [.product(name: "AsyncStateKit", package: library)],
             path: "Tools/MemoryPerState"
