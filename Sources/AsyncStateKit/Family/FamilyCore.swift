@@ -117,7 +117,10 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// `key`'s snapshot if it has an entry with fresh data, as ``freshValue(of:at:)``.
     @usableFromInline
     func freshSnapshot(of key: Key, at now: Duration) -> AsyncSnapshot<Value?>? {
-        let fresh = shard(for: key).withLock { $0.freshSnapshot(of: key, at: now, hitWindow: hitWindow) }
+        let hash = key.hashValue
+        let fresh = shards[hash & shardMask].withLock {
+            $0.freshSnapshot(of: key, hash: hash, at: now, hitWindow: hitWindow)
+        }
         if isObserved, fresh != nil { observeHit(of: key) }
         return fresh
     }

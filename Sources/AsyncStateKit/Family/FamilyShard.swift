@@ -209,8 +209,10 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     /// The snapshot of `key`'s entry if its data is fresh at `now` (as ``freshValue(of:hash:at:hitWindow:)``,
     /// recording the access), read under this shard's lock.
-    mutating func freshSnapshot(of key: Key, at now: Duration, hitWindow: Duration) -> AsyncSnapshot<Value?>? {
-        guard let slot = slot(of: key) else { return nil }
+    mutating func freshSnapshot(of key: Key, hash: Int, at now: Duration, hitWindow: Duration)
+        -> AsyncSnapshot<Value?>?
+    {
+        guard let slot = slot(of: key, hash: hash) else { return nil }
         hit(slot, at: now)
         let i = Int(slot)
         if let store = records[i].store { return store.cell.freshSnapshot(at: now) }
