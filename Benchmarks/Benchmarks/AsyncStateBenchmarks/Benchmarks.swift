@@ -112,6 +112,29 @@ func scattered(_ count: Int) -> [Int] {
     return keys
 }
 
+/// A benchmark's walk through `scattered(count)`, made once per process: each sample goes on where
+/// the previous one stopped, so that a run visits every key before it visits one again. (A walk that
+/// started over in each sample would hit the same thousand keys, warm in the caches, every time.)
+final class ScatteredWalk: Sendable {
+    let order: [Int]
+    private let position = Atomic<Int>(0)
+
+    private init(_ count: Int) {
+        order = scattered(count)
+    }
+
+    /// The walk of `count` keys for the benchmark `name`.
+    static func named(_ name: String, keys count: Int) async -> ScatteredWalk {
+        await Filled.shared.value("walk-\(name)-\(count)") { ScatteredWalk(count) }
+    }
+
+    /// Where the last sample stopped.
+    var resumed: Int { position.load(ordering: .relaxed) }
+
+    /// Records where a sample stopped.
+    func stop(at index: Int) { position.store(index, ordering: .relaxed) }
+}
+
 /// An operation's source that answers when opened, or throws when its caller is cancelled.
 final class Gate: Sendable {
     private let state = Mutex<(open: Bool, waiting: [CheckedContinuation<Int, any Error>])>((false, []))
@@ -407,13 +430,16 @@ let benchmarks: @Sendable () -> Void = {
         let scale = keys == 1_000 ? "1000" : "1000000"
         Benchmark("Family:hit-\(scale)-keys", configuration: nanosecondScale) { benchmark in
             let family = await filledFamily(keys)
-            let order = scattered(keys)
-            var next = 0
+            let walk = await ScatteredWalk.named("family", keys: keys)
+            let order = walk.order
+            var next = walk.resumed
             benchmark.startMeasurement()
             for _ in benchmark.scaledIterations {
                 next = next == keys - 1 ? 0 : next + 1
                 blackHole(try await family.value(for: order[next]) { $0 })
             }
+            benchmark.stopMeasurement()
+            walk.stop(at: next)
         }
 
         // The usual call site passes what the operation needs as a context: still no allocation.
@@ -421,32 +447,38 @@ let benchmarks: @Sendable () -> Void = {
             Benchmark("Family:hit-1000-keys-using-a-context", configuration: nanosecondScale) { benchmark in
                 let family = await filledFamily(keys)
                 let database = Database()
-                let order = scattered(keys)
-                var next = 0
+                let walk = await ScatteredWalk.named("family-using", keys: keys)
+                let order = walk.order
+                var next = walk.resumed
                 benchmark.startMeasurement()
                 for _ in benchmark.scaledIterations {
                     next = next == keys - 1 ? 0 : next + 1
                     blackHole(
                         try await family.value(for: order[next], using: database) { try await $1.number(for: $0) })
                 }
+                benchmark.stopMeasurement()
+                walk.stop(at: next)
             }
         }
 
         Benchmark("Family:hand-written-actor-cache-\(scale)-keys(baseline)", configuration: nanosecondScale) {
             benchmark in
-            let names = (0..<keys).map(String.init)
+            let names = await Filled.shared.value("names-\(keys)") { (0..<keys).map(String.init) }
             let cache = try await Filled.shared.value("cache-\(keys)") {
                 let cache = HandWrittenKeyedCache(expiry: .seconds(3_600))
                 for name in names { _ = try await cache.value(for: name, loadNumber) }
                 return cache
             }
-            let order = scattered(keys)
-            var next = 0
+            let walk = await ScatteredWalk.named("cache", keys: keys)
+            let order = walk.order
+            var next = walk.resumed
             benchmark.startMeasurement()
             for _ in benchmark.scaledIterations {
                 next = next == keys - 1 ? 0 : next + 1
                 blackHole(try await cache.value(for: names[order[next]], loadNumber))
             }
+            benchmark.stopMeasurement()
+            walk.stop(at: next)
         }
 
         Benchmark("Family:actor-dictionary-with-TTL-\(scale)-keys(baseline)", configuration: nanosecondScale) {
@@ -456,13 +488,16 @@ let benchmarks: @Sendable () -> Void = {
                 for key in 0..<keys { await dictionary.set(key, key) }
                 return dictionary
             }
-            let order = scattered(keys)
-            var next = 0
+            let walk = await ScatteredWalk.named("dictionary", keys: keys)
+            let order = walk.order
+            var next = walk.resumed
             benchmark.startMeasurement()
             for _ in benchmark.scaledIterations {
                 next = next == keys - 1 ? 0 : next + 1
                 blackHole(await dictionary.get(order[next]))
             }
+            benchmark.stopMeasurement()
+            walk.stop(at: next)
         }
     }
 
