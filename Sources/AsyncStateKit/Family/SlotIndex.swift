@@ -1,24 +1,29 @@
-/// A hash index from a ``FamilyShard``'s keys to their slots: open addressing with linear probing and
-/// backward-shift deletion (no tombstones), in one array of 64-bit buckets that hold half of the key's
-/// mixed hash and the slot. Finding a key reads its buckets, then compares the key in the slot's
-/// record only where the hash's half matches: at a million keys that is one cache miss for the index
-/// and one for the record, where a `Dictionary<Key, Int32>` would add one for its separate array of
-/// values. The keys themselves live in the shard's records.
+/// A hash index from a ``FamilyShard``'s keys to the positions of their records: open addressing with
+/// linear probing and backward-shift deletion (no tombstones), in one array of 64-bit buckets that
+/// hold half of the key's mixed hash and the position. Finding a key reads its buckets, then compares
+/// the key in the record only where the hash's half matches. The keys themselves live in the shard's
+/// records; the shard reads the index only for a key whose record is not near its home (see
+/// ``FamilyShard/position(of:hash:)``), or that has none.
 ///
 /// The table is at most half full, so a probe is short; it doubles when it would not be. A key's home
 /// bucket is read from the half of its hash that the bucket keeps, so growing needs no key.
 @usableFromInline
 struct SlotIndex {
-    /// 0 for an empty bucket; otherwise the upper 32 bits of the key's mixed hash, then the slot plus
-    /// one.
+    /// 0 for an empty bucket; otherwise the upper 32 bits of the key's mixed hash, then the position
+    /// plus one.
     @usableFromInline var buckets: [UInt64]
     @usableFromInline var mask: Int
     /// The number of keys.
     private(set) var count = 0
 
-    init() {
-        buckets = Array(repeating: 0, count: 8)
-        mask = 7
+    /// The number of buckets of a new index.
+    @usableFromInline static var initialCount: Int { 8 }
+
+    /// An empty index of `bucketCount` buckets, a power of two.
+    init(bucketCount: Int = initialCount) {
+        precondition(bucketCount > 0 && bucketCount & (bucketCount - 1) == 0, "a power of two")
+        buckets = Array(repeating: 0, count: bucketCount)
+        mask = bucketCount - 1
     }
 
     /// The half of `hash`, mixed, that a bucket keeps. Mixed first: a key type's own `hashValue` may
@@ -28,9 +33,14 @@ struct SlotIndex {
 
     /// The first bucket to probe for a key whose hash has `tag`.
     @inlinable
-    func home(_ tag: UInt64) -> Int { Int(truncatingIfNeeded: tag) & mask }
+    func home(_ tag: UInt64) -> Int { home(tag, mask: mask) }
 
-    /// The slot of the key with `hash` for which `isKey` is true, or `nil`.
+    /// The home of a key whose hash has `tag` in a table of `mask + 1` places (a power of two): the
+    /// index's own buckets, or the shard's records.
+    @inlinable
+    func home(_ tag: UInt64, mask: Int) -> Int { Int(truncatingIfNeeded: tag) & mask }
+
+    /// The position of the key with `hash` for which `isKey` is true, or `nil`.
     @inlinable
     func find(_ hash: Int, where isKey: (Int32) -> Bool) -> Int32? {
         let tag = Self.tag(hash)
@@ -40,24 +50,24 @@ struct SlotIndex {
                 let entry = buckets[bucket]
                 if entry == 0 { return nil }
                 if entry >> 32 == tag {
-                    let slot = Int32(truncatingIfNeeded: entry & 0xFFFF_FFFF) &- 1
-                    if isKey(slot) { return slot }
+                    let position = Int32(truncatingIfNeeded: entry & 0xFFFF_FFFF) &- 1
+                    if isKey(position) { return position }
                 }
                 bucket = (bucket &+ 1) & mask
             }
         }
     }
 
-    /// Adds `slot` for a key with `hash` that has none.
-    mutating func insert(_ hash: Int, slot: Int32) {
+    /// Adds `position` for a key with `hash` that has none.
+    mutating func insert(_ hash: Int, position: Int32) {
         if (count + 1) * 2 > buckets.count { grow() }
-        place(Self.tag(hash) << 32 | UInt64(UInt32(bitPattern: slot &+ 1)))
+        place(Self.tag(hash) << 32 | UInt64(UInt32(bitPattern: position &+ 1)))
         count += 1
     }
 
-    /// Removes `slot`, the slot of a key with `hash`. Nothing if it is not in the index.
-    mutating func remove(_ hash: Int, slot: Int32) {
-        let entry = Self.tag(hash) << 32 | UInt64(UInt32(bitPattern: slot &+ 1))
+    /// Removes `position`, the position of a key with `hash`. Nothing if it is not in the index.
+    mutating func remove(_ hash: Int, position: Int32) {
+        let entry = Self.tag(hash) << 32 | UInt64(UInt32(bitPattern: position &+ 1))
         var hole = home(Self.tag(hash))
         while buckets[hole] != entry {
             if buckets[hole] == 0 { return }
@@ -80,9 +90,9 @@ struct SlotIndex {
         buckets[hole] = 0
     }
 
-    /// How far from its home bucket `slot`, a key's with `hash`, is (for tests); `nil` if absent.
-    func distance(of hash: Int, slot: Int32) -> Int? {
-        let entry = Self.tag(hash) << 32 | UInt64(UInt32(bitPattern: slot &+ 1))
+    /// How far from its home bucket `position`, a key's with `hash`, is (for tests); `nil` if absent.
+    func distance(of hash: Int, position: Int32) -> Int? {
+        let entry = Self.tag(hash) << 32 | UInt64(UInt32(bitPattern: position &+ 1))
         let home = home(Self.tag(hash))
         var bucket = home
         while buckets[bucket] != entry {
