@@ -36,6 +36,11 @@ let package = Package(
             path: "Tools/HitRatio"
         ),
         .executableTarget(
+            name: "HitLoop",
+            dependencies: [.product(name: "AsyncStateKit", package: library)],
+            path: "Tools/HitLoop"
+        ),
+        .executableTarget(
             name: "IndexLayout",
             path: "Tools/IndexLayout"
         ),

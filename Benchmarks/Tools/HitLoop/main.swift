@@ -1,0 +1,63 @@
+// Hits in a plain loop, outside the benchmark harness: 10,000,000 of them in all, on each of `keys`
+// keys in turn in a scattered order (a stride prime to the count), and the mean time of one. For
+// profiling (`perf record` on it sees nothing but the hits once the fill is done) and for comparing
+// two builds of the library in alternation, which the harness's bimodal medians on a shared machine
+// make hard. Run:
+//   swift run --package-path Benchmarks -c release HitLoop family 1000000   # a family's hit
+//   swift run --package-path Benchmarks -c release HitLoop dictionary 1000000   # an actor dictionary with TTLs
+//   swift run --package-path Benchmarks -c release HitLoop single   # one state's hit
+import AsyncStateKit
+
+let mode = CommandLine.arguments.dropFirst().first ?? "family"
+let keys = CommandLine.arguments.dropFirst(2).first.flatMap(Int.init) ?? 1_000
+
+/// The shape of Hummingbird's `MemoryPersistDriver`: an actor's dictionary of values with their
+/// expiry instants.
+actor TTLDictionary {
+    private var entries: [Int: (value: Int, expires: ContinuousClock.Instant)] = [:]
+
+    func get(_ key: Int) -> Int? {
+        guard let entry = entries[key], entry.expires > .now else { return nil }
+        return entry.value
+    }
+
+    func set(_ key: Int, _ value: Int) { entries[key] = (value, .now + .seconds(3_600)) }
+}
+
+func run() async throws {
+    guard ["family", "dictionary", "single"].contains(mode), keys > 0 else {
+        print("usage: HitLoop family|dictionary|single [keys]")
+        return
+    }
+    var order: [Int] = []
+    var key = 0
+    for _ in 0..<keys {
+        key = (key &+ 7_919) % keys
+        order.append(key)
+    }
+    let rounds = max(1, 10_000_000 / keys)
+    var sum = 0
+    let start: ContinuousClock.Instant
+    switch mode {
+    case "single":
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(3_600))
+        _ = try await state.value { 1 }
+        start = .now
+        for _ in 0..<rounds { for _ in order { sum &+= try await state.value { 1 } } }
+    case "dictionary":
+        let dictionary = TTLDictionary()
+        for key in 0..<keys { await dictionary.set(key, key) }
+        start = .now
+        for _ in 0..<rounds { for key in order { sum &+= await dictionary.get(key) ?? 0 } }
+    default:
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
+        for key in 0..<keys { family.set(key, for: key) }
+        start = .now
+        for _ in 0..<rounds { for key in order { sum &+= try await family.value(for: key) { $0 } } }
+    }
+    let elapsed = ContinuousClock.now - start
+    // The sum is printed so that the hits cannot be optimized away.
+    print("\(mode), \(keys) keys: \(elapsed / (rounds * keys)) a hit (checksum \(sum))")
+}
+
+try await run()
