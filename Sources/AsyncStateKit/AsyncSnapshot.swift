@@ -34,6 +34,7 @@ public struct AsyncSnapshot<Value: Sendable>: Sendable {
     /// (the default) is derived: `true` if the phase is a success (or `empty`) or there was a success
     /// before — a value that was only `set` cannot be told from these, so pass `hasValue` for it
     /// (the states' own snapshots always carry it).
+    @inlinable
     public init(
         value: Value, phase: AsyncPhase, isExpired: Bool, failureCount: Int = 0, lastError: (any Error)? = nil,
         lastSuccess: Date? = nil, successCount: Int = 0, hasValue: Bool? = nil

@@ -351,6 +351,40 @@ final class RemovalLog: Sendable {
         #expect(refetched.value == 6)
     }
 
+    /// A snapshot hit on an entry nobody uses (its store made compact) carries what a single state's
+    /// snapshot hit does after the same calls: the value, the phase and its date, the failures, the
+    /// last error, the last success and the count of successes.
+    @Test func aSnapshotHitOnACompactEntryIsASingleStatesSnapshotHit() async throws {
+        let clock = VirtualClock()
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(10), clock: clock)
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(10), clock: clock)
+        _ = try await family.value(for: 1) { _ in 5 }
+        _ = try await state.value { 5 }
+        await clock.advance(by: .seconds(1))
+        family.invalidate(1)
+        await state.invalidate()
+        _ = try? await family.value(for: 1) { _ in throw SourceDown() }
+        _ = try? await state.value { throw SourceDown() }
+        await clock.advance(by: .seconds(1))
+        _ = try await family.value(for: 1) { _ in 6 }
+        _ = try await state.value { 6 }
+        await clock.advance(by: .seconds(1))
+        family.set(7, for: 1)
+        await state.set(7)
+        await clock.advance(by: .seconds(1))
+        let ours = try await family.snapshot(for: 1, using: ()) { _, _ in -1 }  // fresh: not run
+        let theirs = try await state.snapshot(using: ()) { _ in -1 }
+        #expect(ours.value == theirs.value && ours.value == 7)
+        #expect(ours.phase.name == theirs.phase.name)
+        #expect(ours.phase.lastUpdated == theirs.phase.lastUpdated)
+        #expect(ours.isExpired == theirs.isExpired && !ours.isExpired)
+        #expect(ours.failureCount == theirs.failureCount)
+        #expect(ours.lastError is SourceDown && theirs.lastError is SourceDown)
+        #expect(ours.lastSuccess == theirs.lastSuccess && ours.lastSuccess != nil)
+        #expect(ours.successCount == theirs.successCount && ours.successCount == 2)
+        #expect(ours.hasValue == theirs.hasValue && ours.hasValue)
+    }
+
     @Test(arguments: [0, -5])
     func aCapacityBelowOneMeansOne(_ capacity: Int) async throws {
         let family = AsyncStateFamily<Int, Int>(capacity: capacity, clock: VirtualClock())

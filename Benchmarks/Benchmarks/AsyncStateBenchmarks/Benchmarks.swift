@@ -461,6 +461,27 @@ let benchmarks: @Sendable () -> Void = {
             }
         }
 
+        // What a server answers with: the snapshot (value, phase, age), its operation given a context.
+        if keys == 1_000 {
+            Benchmark("Family:snapshot-hit-1000-keys-using-a-context", configuration: nanosecondScale) { benchmark in
+                let family = await filledFamily(keys)
+                let database = Database()
+                let walk = await ScatteredWalk.named("family-snapshot", keys: keys)
+                let order = walk.order
+                var next = walk.resumed
+                benchmark.startMeasurement()
+                for _ in benchmark.scaledIterations {
+                    next = next == keys - 1 ? 0 : next + 1
+                    blackHole(
+                        try await family.snapshot(for: order[next], using: database) {
+                            try await $1.number(for: $0)
+                        })
+                }
+                benchmark.stopMeasurement()
+                walk.stop(at: next)
+            }
+        }
+
         Benchmark("Family:hand-written-actor-cache-\(scale)-keys(baseline)", configuration: nanosecondScale) {
             benchmark in
             let names = await Filled.shared.value("names-\(keys)") { (0..<keys).map(String.init) }

@@ -6,6 +6,7 @@
 //   swift run --package-path Benchmarks -c release HitLoop family 1000000   # a family's hit
 //   swift run --package-path Benchmarks -c release HitLoop dictionary 1000000   # an actor dictionary with TTLs
 //   swift run --package-path Benchmarks -c release HitLoop single   # one state's hit
+//   swift run --package-path Benchmarks -c release HitLoop family-snapshot 1000   # a family's snapshot hit
 import AsyncStateKit
 
 let mode = CommandLine.arguments.dropFirst().first ?? "family"
@@ -25,8 +26,8 @@ actor TTLDictionary {
 }
 
 func run() async throws {
-    guard ["family", "dictionary", "single"].contains(mode), keys > 0 else {
-        print("usage: HitLoop family|dictionary|single [keys]")
+    guard ["family", "family-snapshot", "dictionary", "single"].contains(mode), keys > 0 else {
+        print("usage: HitLoop family|family-snapshot|dictionary|single [keys]")
         return
     }
     var order: [Int] = []
@@ -49,6 +50,13 @@ func run() async throws {
         for key in 0..<keys { await dictionary.set(key, key) }
         start = .now
         for _ in 0..<rounds { for key in order { sum &+= await dictionary.get(key) ?? 0 } }
+    case "family-snapshot":
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
+        for key in 0..<keys { family.set(key, for: key) }
+        start = .now
+        for _ in 0..<rounds {
+            for key in order { sum &+= try await family.snapshot(for: key) { $0 }.value ?? 0 }
+        }
     default:
         let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
         for key in 0..<keys { family.set(key, for: key) }

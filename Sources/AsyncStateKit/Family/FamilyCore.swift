@@ -114,13 +114,19 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         return fresh
     }
 
-    /// `key`'s snapshot if it has an entry with fresh data, as ``freshValue(of:at:)``.
-    @usableFromInline
+    /// `key`'s snapshot if it has an entry with fresh data, as ``freshValue(of:at:)`` (and
+    /// inlinable for the same reason).
+    @inlinable
     func freshSnapshot(of key: Key, at now: Duration) -> AsyncSnapshot<Value?>? {
         let hash = key.hashValue
-        let fresh = shards[hash & shardMask].withLock {
-            $0.freshSnapshot(of: key, hash: hash, at: now, hitWindow: hitWindow)
-        }
+        let fresh =
+            shardMask == 0
+            ? firstShard.withLock { $0.freshSnapshot(of: key, hash: hash, at: now, hitWindow: hitWindow) }
+            : shards.withUnsafeBufferPointer { shards in
+                shards[hash & shardMask].withLock {
+                    $0.freshSnapshot(of: key, hash: hash, at: now, hitWindow: hitWindow)
+                }
+            }
         if isObserved, fresh != nil { observeHit(of: key) }
         return fresh
     }

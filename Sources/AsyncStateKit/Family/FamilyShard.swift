@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// One shard of a family: its entries (each key's record near the key's home in an open-addressed
 /// table, with a hash index to find the few that are not; see ``position(of:hash:)``) and its
@@ -113,11 +113,12 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// What a compact entry keeps besides its value and freshness (read off the hit path).
+    @usableFromInline
     struct Metadata {
-        var phase: AsyncPhase
-        var lastError: (any Error)?
-        var lastSuccess: Date?
-        var successCount: Int
+        @usableFromInline var phase: AsyncPhase
+        @usableFromInline var lastError: (any Error)?
+        @usableFromInline var lastSuccess: Date?
+        @usableFromInline var successCount: Int
     }
 
     /// An entry in the idle heap: its slot, and a lower bound of its last access (see the type's
@@ -146,7 +147,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// Each entry's last access, when `tracksIdle` (empty otherwise: nothing reads it).
     @usableFromInline var lastAccess: [Duration] = []
     @usableFromInline var links: [Link] = []
-    var metadata: [Metadata?] = []
+    @usableFromInline var metadata: [Metadata?] = []
     /// Each entry's weight (0 without a weigher or a value), and their sum.
     var weights: [Int] = []
     private(set) var totalWeight = 0
@@ -264,7 +265,9 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// The snapshot of `key`'s entry if its data is fresh at `now` (as ``freshValue(of:hash:at:hitWindow:)``,
-    /// recording the access), read under this shard's lock.
+    /// recording the access), read under this shard's lock. Inlinable, as that is: unspecialized, a
+    /// hit took over a microsecond, most of it looking up generic metadata.
+    @inlinable
     mutating func freshSnapshot(of key: Key, hash: Int, at now: Duration, hitWindow: Duration)
         -> AsyncSnapshot<Value?>?
     {
@@ -273,9 +276,12 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         hit(slot, hash: hash, at: now)
         if let store = records[position].store { return store.cell.freshSnapshot(at: now) }
         guard isWithinExpiry(since: records[position].freshness, at: now, expiry: hitWindow),
-            case .compact(let settled) = entry(at: Int(slot))
+            let metadata = metadata[Int(slot)]
         else { return nil }
-        return settled.snapshot(isExpired: false)
+        // As `entry(at:)` and `Settled.snapshot(isExpired:)` would make it.
+        return AsyncSnapshot(
+            value: records[position].value, phase: metadata.phase, isExpired: false, lastError: metadata.lastError,
+            lastSuccess: metadata.lastSuccess, successCount: metadata.successCount, hasValue: true)
     }
 
     /// A hit on the entry at `slot`, whose key's hash is `hash`, at `now`: its last access is written
