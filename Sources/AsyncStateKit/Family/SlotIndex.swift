@@ -90,6 +90,22 @@ struct SlotIndex {
         buckets[hole] = 0
     }
 
+    /// Changes the position of the key with `hash` from `old` to `new` (its record moved). Nothing
+    /// if `old` is not in the index.
+    mutating func move(_ hash: Int, from old: Int32, to new: Int32) {
+        let tag = Self.tag(hash)
+        let entry = tag << 32 | UInt64(UInt32(bitPattern: old &+ 1))
+        var bucket = home(tag)
+        while buckets[bucket] != entry {
+            if buckets[bucket] == 0 {
+                assertionFailure("the position of a record that moved was not in the index")
+                return
+            }
+            bucket = (bucket + 1) & mask
+        }
+        buckets[bucket] = tag << 32 | UInt64(UInt32(bitPattern: new &+ 1))
+    }
+
     /// How far from its home bucket `position`, a key's with `hash`, is (for tests); `nil` if absent.
     func distance(of hash: Int, position: Int32) -> Int? {
         let entry = Self.tag(hash) << 32 | UInt64(UInt32(bitPattern: position &+ 1))
