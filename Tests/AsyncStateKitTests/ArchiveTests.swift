@@ -215,7 +215,10 @@ import Testing
         for generation in 1... { try file.save(Payload(generation: generation, text: text)) }
     }
 
-    @Test func aWriterKilledDuringASaveLeavesTheLastWholeSave() throws {
+    /// Async, and waiting with `Task.sleep`: a synchronous test that blocks its thread with
+    /// `Thread.sleep` for seconds holds one of the cooperative pool's threads (two on a 2-core
+    /// machine), and starved the tests running beside it under ThreadSanitizer.
+    @Test func aWriterKilledDuringASaveLeavesTheLastWholeSave() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("crash-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -237,9 +240,9 @@ import Testing
             while ContinuousClock.now < deadline,
                 (try? file.load(Payload.self))?.map({ $0.generation > lastGeneration }) != true
             {
-                Thread.sleep(forTimeInterval: 0.005)
+                try await Task.sleep(for: .milliseconds(5))
             }
-            Thread.sleep(forTimeInterval: Double.random(in: 0.001...0.03))
+            try await Task.sleep(for: .milliseconds(Int.random(in: 1...30)))
             kill(writer.processIdentifier, SIGKILL)
             writer.waitUntilExit()
             let saved = try #require(try file.load(Payload.self), "round \(round)")

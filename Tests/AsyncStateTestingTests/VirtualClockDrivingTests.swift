@@ -51,6 +51,14 @@ import Testing
         }
         await clock.waitForSleepers(2)
         #expect(clock.pendingSleepers == 2)
+        // If the wait timed out (the task did not start within the clock's stall timeout: the
+        // cooperative pool starved), the sleeps would begin after the advance below and never end:
+        // cancel the task rather than hang (the failure is recorded above).
+        guard clock.pendingSleepers == 2 else {
+            task.cancel()
+            _ = await task.result
+            return
+        }
         await clock.advance(by: .seconds(2))
         try await task.value
         #expect(log.all == ["done"])
