@@ -103,12 +103,12 @@ import Testing
                 #expect(lookUp(key) == nil, "step \(step), removed key \(key.id)")
             }
             // Never set, with the hash of present keys when there are three.
-            #expect(lookUp(Colliding(id: 2_001, hashes: hashes)) == nil)
+            #expect(lookUp(Colliding(id: 1_002, hashes: hashes)) == nil)
             if hashes == 3, reference.count > 100 { #expect(far > reference.count / 2, "step \(step)") }
         }
-        for step in 0..<3_000 {
+        for step in 0..<2_000 {
             if present.isEmpty || random.next(4) != 0 {
-                let key = Colliding(id: random.next(2_000), hashes: hashes)
+                let key = Colliding(id: random.next(1_000), hashes: hashes)
                 _ = shard.setIfCompact(step, for: key, at: .zero, date: .now, isEmpty: false)
                 if reference.updateValue(step, forKey: key) == nil { present.append(key) }
             } else {
@@ -120,38 +120,39 @@ import Testing
                 reference[key] = nil
                 removed.append(key)
             }
-            if step % 211 == 0 { check(step) }
+            if step % 401 == 0 { check(step) }
         }
-        check(3_000)
-        #expect(reference.count > 500)
+        check(2_000)
+        #expect(reference.count > 400)
     }
 
     /// With hashes spread, nearly every record is within ``FamilyShard/nearby`` positions of its
     /// home, where a hit finds it without the index — also after many removals and new entries,
     /// which move records back rather than leave them where they were put (at this fill, 61 % of
-    /// the positions, linear probing puts about 94 % there). Checked with the index emptied: what
-    /// is found then was found near its home.
+    /// the positions, linear probing puts about 94 % there; when a removal only freed its position,
+    /// 64 % were found so). Checked with the index emptied: what is found then was found near its
+    /// home.
     @Test func aHitFindsNearlyEveryRecordWithoutTheIndex() {
         var shard = FamilyShard<Int, Int>(capacity: 100_000)
         var random = FamilyModelTests.Random(state: 61)
-        var present = Array(0..<10_000)
+        var present = Array(0..<2_500)
         for key in present {
             _ = shard.setIfCompact(key, for: key, at: .zero, date: .now, isEmpty: false)
         }
-        #expect(shard.records.count == 16_384)
-        // 30,000 removals, each followed by a new key: the fill stays the same.
-        for next in 10_000..<40_000 {
+        #expect(shard.records.count == 4_096)
+        // 10,000 removals, each followed by a new key: the fill stays the same.
+        for next in 2_500..<12_500 {
             let position = random.next(present.count)
             #expect(shard.remove(present[position]) != nil)
             present[position] = next
             _ = shard.setIfCompact(next, for: next, at: .zero, date: .now, isEmpty: false)
         }
-        #expect(shard.records.count == 16_384)
+        #expect(shard.records.count == 4_096)
         shard.index = SlotIndex()
         let found = present.filter { key in
             shard.freshValue(of: key, hash: key.hashValue, at: .zero, hitWindow: .seconds(1)) == key
         }
-        #expect(found.count > 9_000)
+        #expect(found.count > 2_250)
     }
 
     /// A sweep over many entries used since they were placed looks at a bounded number per call and
