@@ -127,7 +127,7 @@ public final class VirtualClock: Clock, SettlingClock, DatedClock, Sendable {
     ///   - onStall: Called, on the waiting task, when a wait stalls. By default the stall is recorded
     ///     as a Swift Testing issue (when a test is running) and written to standard error.
     public init(
-        startDate: Date,
+        startDate: Date = Date(timeIntervalSinceReferenceDate: 0),
         stallTimeout: Duration = .seconds(10),
         onStall: (@Sendable (Stall) -> Void)? = nil
     ) {

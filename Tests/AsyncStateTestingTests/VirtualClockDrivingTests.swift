@@ -39,7 +39,10 @@ import Testing
     }
 
     @Test func waitForSleepersSeesSleepsFromTasksTheClockDoesNotWatch() async throws {
-        let clock = VirtualClock()
+        // A plain Task waits for a thread of the cooperative pool, which the suite's synchronous
+        // tests can hold for many seconds under ThreadSanitizer on two cores: a longer stall timeout
+        // than the default 10 s (the wait returns as soon as both sleeps have begun).
+        let clock = VirtualClock(stallTimeout: .seconds(60))
         let log = EventLog()
         // A plain Task: the clock cannot count its work, so the test waits for its sleeps instead.
         let task = Task {
