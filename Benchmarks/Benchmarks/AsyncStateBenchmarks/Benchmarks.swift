@@ -128,11 +128,21 @@ final class ScatteredWalk: Sendable {
         await Filled.shared.value("walk-\(name)-\(count)") { ScatteredWalk(count) }
     }
 
-    /// Where the last sample stopped.
-    var resumed: Int { position.load(ordering: .relaxed) }
-
-    /// Records where a sample stopped.
-    func stop(at index: Int) { position.store(index, ordering: .relaxed) }
+    /// Measures `hit` on the walk's keys in turn, one per scaled iteration of `benchmark`, going on
+    /// from where the last sample stopped. Always inlined, so that `hit` is too: a call through a
+    /// closure would add its cost to every hit measured.
+    @inline(__always)
+    func measure(_ benchmark: Benchmark, _ hit: (Int) async throws -> Void) async rethrows {
+        let order = order
+        var next = position.load(ordering: .relaxed)
+        benchmark.startMeasurement()
+        for _ in benchmark.scaledIterations {
+            next = next == order.count - 1 ? 0 : next + 1
+            try await hit(order[next])
+        }
+        benchmark.stopMeasurement()
+        position.store(next, ordering: .relaxed)
+    }
 }
 
 /// An operation's source that answers when opened, or throws when its caller is cancelled.
@@ -430,16 +440,9 @@ let benchmarks: @Sendable () -> Void = {
         let scale = keys == 1_000 ? "1000" : "1000000"
         Benchmark("Family:hit-\(scale)-keys", configuration: nanosecondScale) { benchmark in
             let family = await filledFamily(keys)
-            let walk = await ScatteredWalk.named("family", keys: keys)
-            let order = walk.order
-            var next = walk.resumed
-            benchmark.startMeasurement()
-            for _ in benchmark.scaledIterations {
-                next = next == keys - 1 ? 0 : next + 1
-                blackHole(try await family.value(for: order[next]) { $0 })
+            try await ScatteredWalk.named("family", keys: keys).measure(benchmark) { key in
+                blackHole(try await family.value(for: key) { $0 })
             }
-            benchmark.stopMeasurement()
-            walk.stop(at: next)
         }
 
         // The usual call site passes what the operation needs as a context: still no allocation.
@@ -447,17 +450,10 @@ let benchmarks: @Sendable () -> Void = {
             Benchmark("Family:hit-1000-keys-using-a-context", configuration: nanosecondScale) { benchmark in
                 let family = await filledFamily(keys)
                 let database = Database()
-                let walk = await ScatteredWalk.named("family-using", keys: keys)
-                let order = walk.order
-                var next = walk.resumed
-                benchmark.startMeasurement()
-                for _ in benchmark.scaledIterations {
-                    next = next == keys - 1 ? 0 : next + 1
+                try await ScatteredWalk.named("family-using", keys: keys).measure(benchmark) { key in
                     blackHole(
-                        try await family.value(for: order[next], using: database) { try await $1.number(for: $0) })
+                        try await family.value(for: key, using: database) { try await $1.number(for: $0) })
                 }
-                benchmark.stopMeasurement()
-                walk.stop(at: next)
             }
         }
 
@@ -466,19 +462,12 @@ let benchmarks: @Sendable () -> Void = {
             Benchmark("Family:snapshot-hit-1000-keys-using-a-context", configuration: nanosecondScale) { benchmark in
                 let family = await filledFamily(keys)
                 let database = Database()
-                let walk = await ScatteredWalk.named("family-snapshot", keys: keys)
-                let order = walk.order
-                var next = walk.resumed
-                benchmark.startMeasurement()
-                for _ in benchmark.scaledIterations {
-                    next = next == keys - 1 ? 0 : next + 1
+                try await ScatteredWalk.named("family-snapshot", keys: keys).measure(benchmark) { key in
                     blackHole(
-                        try await family.snapshot(for: order[next], using: database) {
+                        try await family.snapshot(for: key, using: database) {
                             try await $1.number(for: $0)
                         })
                 }
-                benchmark.stopMeasurement()
-                walk.stop(at: next)
             }
         }
 
@@ -490,16 +479,9 @@ let benchmarks: @Sendable () -> Void = {
                 for name in names { _ = try await cache.value(for: name, loadNumber) }
                 return cache
             }
-            let walk = await ScatteredWalk.named("cache", keys: keys)
-            let order = walk.order
-            var next = walk.resumed
-            benchmark.startMeasurement()
-            for _ in benchmark.scaledIterations {
-                next = next == keys - 1 ? 0 : next + 1
-                blackHole(try await cache.value(for: names[order[next]], loadNumber))
+            try await ScatteredWalk.named("cache", keys: keys).measure(benchmark) { key in
+                blackHole(try await cache.value(for: names[key], loadNumber))
             }
-            benchmark.stopMeasurement()
-            walk.stop(at: next)
         }
 
         Benchmark("Family:actor-dictionary-with-TTL-\(scale)-keys(baseline)", configuration: nanosecondScale) {
@@ -509,16 +491,9 @@ let benchmarks: @Sendable () -> Void = {
                 for key in 0..<keys { await dictionary.set(key, key) }
                 return dictionary
             }
-            let walk = await ScatteredWalk.named("dictionary", keys: keys)
-            let order = walk.order
-            var next = walk.resumed
-            benchmark.startMeasurement()
-            for _ in benchmark.scaledIterations {
-                next = next == keys - 1 ? 0 : next + 1
-                blackHole(await dictionary.get(order[next]))
+            await ScatteredWalk.named("dictionary", keys: keys).measure(benchmark) { key in
+                blackHole(await dictionary.get(key))
             }
-            benchmark.stopMeasurement()
-            walk.stop(at: next)
         }
     }
 
