@@ -61,18 +61,13 @@ struct SlotIndex {
     /// Adds `position` for a key with `hash` that has none.
     mutating func insert(_ hash: Int, position: Int32) {
         if (count + 1) * 2 > buckets.count { grow() }
-        place(Self.tag(hash) << 32 | UInt64(UInt32(bitPattern: position &+ 1)))
+        place(Self.entry(hash, position))
         count += 1
     }
 
     /// Removes `position`, the position of a key with `hash`. Nothing if it is not in the index.
     mutating func remove(_ hash: Int, position: Int32) {
-        let entry = Self.tag(hash) << 32 | UInt64(UInt32(bitPattern: position &+ 1))
-        var hole = home(Self.tag(hash))
-        while buckets[hole] != entry {
-            if buckets[hole] == 0 { return }
-            hole = (hole + 1) & mask
-        }
+        guard var hole = bucket(holding: Self.entry(hash, position)) else { return }
         count -= 1
         // Shift back each following entry of the run that may move into the hole (its home is not
         // between the hole and it), so that no probe meets an empty bucket before its key.
@@ -93,29 +88,33 @@ struct SlotIndex {
     /// Changes the position of the key with `hash` from `old` to `new` (its record moved). Nothing
     /// if `old` is not in the index.
     mutating func move(_ hash: Int, from old: Int32, to new: Int32) {
-        let tag = Self.tag(hash)
-        let entry = tag << 32 | UInt64(UInt32(bitPattern: old &+ 1))
-        var bucket = home(tag)
-        while buckets[bucket] != entry {
-            if buckets[bucket] == 0 {
-                assertionFailure("the position of a record that moved was not in the index")
-                return
-            }
-            bucket = (bucket + 1) & mask
+        guard let bucket = bucket(holding: Self.entry(hash, old)) else {
+            assertionFailure("the position of a record that moved was not in the index")
+            return
         }
-        buckets[bucket] = tag << 32 | UInt64(UInt32(bitPattern: new &+ 1))
+        buckets[bucket] = Self.entry(hash, new)
     }
 
     /// How far from its home bucket `position`, a key's with `hash`, is (for tests); `nil` if absent.
     func distance(of hash: Int, position: Int32) -> Int? {
-        let entry = Self.tag(hash) << 32 | UInt64(UInt32(bitPattern: position &+ 1))
-        let home = home(Self.tag(hash))
-        var bucket = home
+        let entry = Self.entry(hash, position)
+        return bucket(holding: entry).map { ($0 - home(entry >> 32)) & mask }
+    }
+
+    /// The bucket of a key with `hash` at `position`: the half of the hash, then the position plus
+    /// one (never 0, an empty bucket).
+    private static func entry(_ hash: Int, _ position: Int32) -> UInt64 {
+        tag(hash) << 32 | UInt64(UInt32(bitPattern: position &+ 1))
+    }
+
+    /// The bucket that holds `entry`, or `nil`.
+    private func bucket(holding entry: UInt64) -> Int? {
+        var bucket = home(entry >> 32)
         while buckets[bucket] != entry {
             if buckets[bucket] == 0 { return nil }
             bucket = (bucket + 1) & mask
         }
-        return (bucket - home) & mask
+        return bucket
     }
 
     /// Puts `entry` in the first empty bucket from its home.
