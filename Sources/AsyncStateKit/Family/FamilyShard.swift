@@ -293,8 +293,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// type's documentation).
     @inlinable
     mutating func hit(_ slot: Int32, hash: Int, at now: Duration) {
-        // The clock was read before the lock: a later use may have been recorded meanwhile.
-        if tracksIdle { lastAccess[Int(slot)] = max(lastAccess[Int(slot)], now) }
+        recordAccess(slot, at: now)
         if pendingReads < Self.readBufferSize {
             reads[pendingReads] = slot
             readHashes[pendingReads] = hash
@@ -623,8 +622,16 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// it are applied, then it is, at once.
     mutating func touch(_ slot: Int32, at now: Duration) {
         applyReads()
-        if tracksIdle { lastAccess[Int(slot)] = max(lastAccess[Int(slot)], now) }
+        recordAccess(slot, at: now)
         reorder(slot)
+    }
+
+    /// Writes a use of the entry at `slot` at `now` as its last access, with an idle expiry (nothing
+    /// reads it otherwise). The clock was read before the lock: a later use may have been recorded
+    /// meanwhile, so the later of the two stays.
+    @inlinable
+    mutating func recordAccess(_ slot: Int32, at now: Duration) {
+        if tracksIdle { lastAccess[Int(slot)] = max(lastAccess[Int(slot)], now) }
     }
 
     /// The first free position from the home of a key whose hash is `hash`.
