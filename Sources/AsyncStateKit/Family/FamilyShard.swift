@@ -86,7 +86,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         /// failed) or the entry is live.
         @inlinable
         var freshness: Duration? {
-            get { freshSince == Self.notFresh ? nil : freshSince }
+            // Compared in attoseconds: `Duration`'s `==` is a call into the standard library.
+            get { freshSince.attoseconds == Self.notFresh.attoseconds ? nil : freshSince }
             set { freshSince = newValue ?? Self.notFresh }
         }
     }

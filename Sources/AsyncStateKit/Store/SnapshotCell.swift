@@ -130,8 +130,10 @@ extension SnapshotCell.Contents {
 /// Whether data that arrived fresh at `freshSince` is still fresh at `now`: less than `expiry` old.
 /// `nil` (never fetched, failed, invalidated) is never fresh; an `expiry` of zero or less, never
 /// either. The one freshness test of the package: the machine, the hit path and `hasExpired(in:)`.
+/// In attoseconds (`Int128`, inlined): `Duration`'s own `-` and `<` are calls into the standard
+/// library, two on every hit. The subtraction traps on overflow as `Duration`'s does.
 @inlinable
 func isWithinExpiry(since freshSince: Duration?, at now: Duration, expiry: Duration) -> Bool {
     guard let freshSince else { return false }
-    return now - freshSince < expiry
+    return now.attoseconds - freshSince.attoseconds < expiry.attoseconds
 }
