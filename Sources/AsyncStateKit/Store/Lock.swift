@@ -31,8 +31,8 @@ package struct LockedValue<Value>: @unchecked Sendable {
     @inlinable
     package func withLock<Result>(_ body: (inout Value) throws -> Result) rethrows -> Result {
         try storage.withUnsafeMutablePointers { value, mutex in
-            LockStorage<Value>.lock(mutex)
-            defer { LockStorage<Value>.unlock(mutex) }
+            MutexWords.lock(mutex)
+            defer { MutexWords.unlock(mutex) }
             return try body(&value.pointee)
         }
     }
@@ -71,14 +71,20 @@ package final class LockStorage<Value>: ManagedBuffer<Value, UInt64> {
             pthread_mutex_destroy(UnsafeMutableRawPointer(words).assumingMemoryBound(to: pthread_mutex_t.self))
         }
     }
+}
 
-    /// Takes the mutex (out of line, so that inlinable callers need not see the C library).
+/// Takes and releases a ``LockStorage``'s mutex: out of line, so that inlinable callers need not see
+/// the C library, and not members of the generic `LockStorage`, whose static methods need its type's
+/// metadata: an inlined `withLock` then looked it up (a call) on every lock, a few percent of a hit.
+@usableFromInline
+enum MutexWords {
+    /// Takes the mutex at `words`.
     @usableFromInline
     static func lock(_ words: UnsafeMutablePointer<UInt64>) {
         pthread_mutex_lock(UnsafeMutableRawPointer(words).assumingMemoryBound(to: pthread_mutex_t.self))
     }
 
-    /// Releases the mutex.
+    /// Releases the mutex at `words`.
     @usableFromInline
     static func unlock(_ words: UnsafeMutablePointer<UInt64>) {
         pthread_mutex_unlock(UnsafeMutableRawPointer(words).assumingMemoryBound(to: pthread_mutex_t.self))
