@@ -122,6 +122,7 @@ struct PerfectLFU {
 
     init(capacity: Int) { self.capacity = capacity }
 
+    /// A use of `key`: `true` for a hit.
     mutating func use(_ key: Int) -> Bool {
         let count = counts[key, default: 0]
         counts[key] = count + 1
