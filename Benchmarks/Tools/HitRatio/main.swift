@@ -188,14 +188,19 @@ let keys = 1_000_000
 let arguments = CommandLine.arguments.dropFirst()
 let requests = arguments.lazy.compactMap { Int($0) }.first ?? 2_000_000
 let only = arguments.first { Int($0) == nil }
-print("hit ratio over \(requests) requests, keys drawn from \(keys) (seeded), W-TinyLFU family vs exact LRU")
-print("trace                         capacity   family    LRU      difference   LFU, exact counts   bound (A0)")
-for (name, exponent, scans) in [
+let traces = [
     ("Zipf 0.8", 0.8, false), ("Zipf 0.99", 0.99, false), ("Zipf 0.99 + scans", 0.99, true),
     // Almost only hits: a shard often meets more hits between two misses than its read buffer notes,
     // so the policy sees a sample of them.
     ("Zipf 1.5", 1.5, false),
-] where only.map(name.contains) ?? true {
+].filter { trace in only.map(trace.0.contains) ?? true }
+guard requests > 0, !traces.isEmpty else {
+    print("usage: HitRatio [requests, more than 0] [part of a trace's name: Zipf 0.8, Zipf 0.99, scans, Zipf 1.5]")
+    exit(1)
+}
+print("hit ratio over \(requests) requests, keys drawn from \(keys) (seeded), W-TinyLFU family vs exact LRU")
+print("trace                         capacity   family    LRU      difference   LFU, exact counts   bound (A0)")
+for (name, exponent, scans) in traces {
     let (requested, zipf) = trace(exponent: exponent, scans: scans, keys: keys, requests: requests, seed: 42)
     for capacity in [keys / 100, keys / 10] {
         let family = AsyncStateFamily<Int, Int>(expiry: .seconds(1_000_000), capacity: capacity)
