@@ -230,7 +230,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     func position(of key: Key, hash: Int) -> Int? {
         records.withUnsafeBufferPointer { records in
             let mask = records.count &- 1
-            var position = index.home(SlotIndex.tag(hash), mask: mask)
+            var position = home(of: hash, mask: mask)
             for _ in 0..<Self.nearby {
                 guard let found = records[position].key else { return nil }
                 if found == key { return position }
@@ -245,6 +245,12 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     func slot(of key: Key, hash: Int) -> Int32? {
         position(of: key, hash: hash).map { records[$0].slot }
     }
+
+    /// The home of a key whose hash is `hash` in `records` (`mask + 1` positions): where a lookup
+    /// starts, where a new record is placed from, and what a removal's move back keeps each record
+    /// after — one definition for the three, or records would be lost.
+    @inlinable @inline(__always)
+    func home(of hash: Int, mask: Int) -> Int { index.home(SlotIndex.tag(hash), mask: mask) }
 
     /// The position of the record of the entry at `slot`.
     @inlinable
@@ -638,7 +644,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// The first free position from the home of a key whose hash is `hash`.
     private func freePosition(from hash: Int) -> Int {
         let mask = records.count - 1
-        var position = index.home(SlotIndex.tag(hash), mask: mask)
+        var position = home(of: hash, mask: mask)
         while records[position].key != nil { position = (position + 1) & mask }
         return position
     }
@@ -659,7 +665,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
             guard records[next].key != nil else { return }
             let slot = Int(records[next].slot)
             let hash = links[slot].hash
-            let home = index.home(SlotIndex.tag(hash), mask: mask)
+            let home = home(of: hash, mask: mask)
             if (next - home) & mask >= (next - hole) & mask {
                 records.swapAt(hole, next)
                 positions[slot] = Int32(hole)
