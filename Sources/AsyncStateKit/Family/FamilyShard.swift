@@ -338,7 +338,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     /// The latest value of the entry at `slot`.
     func value(at slot: Int) -> Value? {
-        records[at(slot)].store.map { $0.cell.value } ?? records[at(slot)].value
+        let position = at(slot)
+        return records[position].store.map { $0.cell.value } ?? records[position].value
     }
 
     /// Whether the entry at `slot` is in use: never evicted nor dropped as idle then.
