@@ -214,6 +214,8 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
             do {
                 let connection = try await withDeadline(setupTimeout) { [listening, logger] in
                     try await PostgresConnection.connect(configuration: listening, id: 1, logger: logger)
+                } discard: { late in
+                    try? await late.close()
                 }
                 do {
                     try await withThrowingTaskGroup(of: Void.self) { group in
@@ -330,8 +332,13 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
     }
 
     /// `operation`'s result, or a `DeadlineExceeded` error after `timeout` (it is cancelled then).
+    /// A result that `operation` still makes after losing — to the deadline, to cancellation, or at
+    /// the same instant — is handed to `discard` (a connection must be closed: dropped open, it
+    /// leaks, and PostgresNIO's debug builds trap on it). A task group waits for all its children
+    /// anyway, so this waits no longer than before.
     private func withDeadline<Result: Sendable>(
-        _ timeout: Duration, _ operation: @escaping @Sendable () async throws -> Result
+        _ timeout: Duration, _ operation: @escaping @Sendable () async throws -> Result,
+        discard: @escaping @Sendable (Result) async -> Void
     ) async throws -> Result {
         try await withThrowingTaskGroup(of: Result?.self) { group in
             group.addTask { try await operation() }
@@ -339,9 +346,15 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
                 try await Task.sleep(for: timeout)
                 return nil
             }
-            defer { group.cancelAll() }
-            guard let result = try await group.next(), let result else { throw DeadlineExceeded(timeout: timeout) }
-            return result
+            let first: Swift.Result<Result?, any Error>
+            do { first = .success(try await group.next() ?? nil) } catch { first = .failure(error) }
+            group.cancelAll()
+            if case .success(let result?) = first { return result }
+            while !group.isEmpty {
+                if case .some(.some(let late)) = try? await group.next() { await discard(late) }
+            }
+            _ = try first.get()  // the operation's error, or the sleep's on cancellation
+            throw DeadlineExceeded(timeout: timeout)
         }
     }
 
