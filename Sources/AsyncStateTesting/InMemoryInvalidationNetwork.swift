@@ -9,6 +9,9 @@ import Synchronization
 /// let (a, b) = (AsyncStateInvalidator(bus: network.bus()), AsyncStateInvalidator(bus: network.bus()))
 /// ```
 ///
+/// Like a real bus, every stream from ``Bus/deliveries()`` starts with `.reconnected`: it listens
+/// from then on, and what was published before is not delivered to it.
+///
 /// It can misbehave the way real buses do: ``Bus/disconnect()`` loses the messages meant for a
 /// replica until ``Bus/reconnect()`` (which delivers `.reconnected`),
 /// and ``duplicatesDeliveries`` delivers every message twice (at-least-once delivery).
@@ -53,6 +56,7 @@ public final class InMemoryInvalidationNetwork: Sendable {
             var nextListener = 0
             var delivered = 0
             var lost = 0
+            var dropped = 0
         }
 
         private let network: InMemoryInvalidationNetwork
@@ -70,12 +74,16 @@ public final class InMemoryInvalidationNetwork: Sendable {
             network.send(invalidation, from: self)
         }
 
-        /// What the other replicas publish, and reconnections.
+        /// What the other replicas publish, and reconnections, starting with `.reconnected`: this
+        /// stream listens from now on, and missed whatever was published before.
         public func deliveries() -> AsyncStream<AsyncStateInvalidationDelivery> {
             let (stream, continuation) = AsyncStream.makeStream(of: AsyncStateInvalidationDelivery.self)
+            // Before the stream is registered, so that nothing is delivered to it before this.
+            continuation.yield(.reconnected)
             let id = state.withLock { state in
                 state.nextListener += 1
                 state.listeners[state.nextListener] = continuation
+                state.delivered += 1
                 return state.nextListener
             }
             continuation.onTermination = { [weak self] _ in
@@ -96,8 +104,12 @@ public final class InMemoryInvalidationNetwork: Sendable {
             deliver(.reconnected, evenIfDisconnected: true)
         }
 
-        /// How many deliveries reached a listener, and how many were lost while disconnected.
-        public var counts: (delivered: Int, lost: Int) { state.withLock { ($0.delivered, $0.lost) } }
+        /// How many deliveries reached at least one listener (each stream's first `.reconnected`
+        /// included), how many were lost while this replica was disconnected, and how many were
+        /// dropped because nobody listened (no stream from ``deliveries()`` was open).
+        public var counts: (delivered: Int, lost: Int, dropped: Int) {
+            state.withLock { ($0.delivered, $0.lost, $0.dropped) }
+        }
 
         /// How many streams from ``deliveries()`` are open.
         public var listenerCount: Int { state.withLock { $0.listeners.count } }
@@ -115,6 +127,10 @@ public final class InMemoryInvalidationNetwork: Sendable {
             let listeners = state.withLock { state -> [AsyncStream<AsyncStateInvalidationDelivery>.Continuation] in
                 guard state.connected || evenIfDisconnected else {
                     state.lost += 1
+                    return []
+                }
+                guard !state.listeners.isEmpty else {
+                    state.dropped += 1
                     return []
                 }
                 state.delivered += 1

@@ -30,7 +30,8 @@ struct Replica {
         invalidator.subscribe(profiles, to: "profiles")
         let invalidator = invalidator
         runner = Task { await invalidator.run() }
-        _ = await soon { bus.listenerCount == 1 }
+        // Listening, and the stream's first delivery (`reconnected`) applied.
+        _ = await soon { bus.listenerCount == 1 && invalidator.deliveriesApplied == 1 }
     }
 }
 
@@ -71,7 +72,7 @@ struct Replica {
         }
         _ = try await b.config.value(load)
         try await a.invalidator.invalidate("config")
-        #expect(await soon { b.invalidator.deliveriesApplied == 2 })
+        #expect(await soon { b.invalidator.deliveriesApplied == 1 + 2 })  // the first `reconnected`, then twice
         _ = try await b.config.value(load)
         _ = try await b.config.value(load)
         #expect(calls.withLock { $0 } == 2)  // one refetch

@@ -40,12 +40,15 @@ extension AsyncStateInvalidation {
         return text
     }
 
-    /// Reads a payload that another replica wrote with ``payload()``, refusing anything else: a bus
-    /// that receives a payload it cannot read should log it and go on (it is someone else's message,
-    /// or a damaged one), never crash.
+    /// Reads a payload that another replica wrote with ``payload()``: a JSON object with a non-empty
+    /// string `topic` and, optionally, a string `key`. Fields it does not know are ignored, so that a
+    /// replica of a newer release, which may send more, is still understood during a rolling
+    /// upgrade. Anything else is refused: a bus that receives a payload it cannot read should log it
+    /// and go on (it is someone else's message, or a damaged one), never crash.
     ///
     /// - Throws: ``PayloadError/tooLong(bytes:)`` for a payload over ``maximumPayloadBytes``;
-    ///   ``PayloadError/malformed(_:)`` for one that is not such a message, or has an empty topic.
+    ///   ``PayloadError/malformed(_:)`` for one that is not such a message (not JSON, not an object,
+    ///   no `topic`, a field of the wrong type), or has an empty topic.
     public init(payload: String) throws(PayloadError) {
         let bytes = payload.utf8.count
         guard bytes <= Self.maximumPayloadBytes else { throw .tooLong(bytes: bytes) }
@@ -80,8 +83,8 @@ extension AsyncStateInvalidation {
 public enum AsyncStateInvalidationDelivery: Sendable, Hashable {
     /// Another replica invalidated this.
     case invalidate(AsyncStateInvalidation)
-    /// The bus was disconnected and is connected again: messages sent meanwhile may be lost, so every
-    /// subscribed state is invalidated.
+    /// The bus was disconnected and is connected again, or has just begun listening: messages sent
+    /// meanwhile (or before) may be lost, so every subscribed state is invalidated.
     case reconnected
 }
 
@@ -91,11 +94,15 @@ public enum AsyncStateInvalidationDelivery: Sendable, Hashable {
 ///
 /// A bus delivers at least once what other replicas publish (a replica does not need its own
 /// messages: it applied them when it published), and ``AsyncStateInvalidationDelivery/reconnected``
-/// after any gap in which messages may have been lost.
+/// after any gap in which messages may have been lost — including the time before a stream began:
+/// every stream from ``deliveries()`` starts with `reconnected` once the bus listens for it, so a
+/// replica that starts listening late (its states warmed before ``AsyncStateInvalidator/run()``)
+/// refetches whatever another replica changed meanwhile.
 public protocol AsyncStateInvalidationBus: Sendable {
     /// Sends `invalidation` to the other replicas.
     func publish(_ invalidation: AsyncStateInvalidation) async throws
-    /// What the other replicas publish, and reconnections, in order; the stream ends when the bus
-    /// shuts down.
+    /// What the other replicas publish, and reconnections, in order, starting with
+    /// ``AsyncStateInvalidationDelivery/reconnected`` as soon as the bus listens (nothing published
+    /// before that was seen by this stream); the stream ends when the bus shuts down.
     func deliveries() -> AsyncStream<AsyncStateInvalidationDelivery>
 }

@@ -52,11 +52,11 @@ public final class AsyncStateInvalidator: Sendable {
             })
     }
 
-    /// Subscribes `family` to `topic`: a message with a key invalidates the entry whose key
-    /// describes as it (`String(describing:)`, which every entry is compared with); one without,
-    /// every entry.
+    /// Subscribes `family` to `topic`: a message with a key invalidates every entry whose key
+    /// describes as it (`String(describing:)`, which every entry is compared with — two keys that
+    /// describe alike are both invalidated, never one left stale); one without, every entry.
     public func subscribe<Key, Value>(_ family: AsyncStateFamily<Key, Value>, to topic: String) {
-        subscribe(family, to: topic) { key, core in core.entries.lazy.map(\.key).first { "\($0)" == key } }
+        subscribe(family, to: topic) { key, core in core.entries.lazy.map(\.key).filter { "\($0)" == key } }
     }
 
     /// Subscribes `family` to `topic`, reading a message's key with `Key(_:)` (one lookup, whatever
@@ -64,12 +64,12 @@ public final class AsyncStateInvalidator: Sendable {
     public func subscribe<Key: LosslessStringConvertible, Value>(
         _ family: AsyncStateFamily<Key, Value>, to topic: String
     ) {
-        subscribe(family, to: topic) { key, _ in Key(key) }
+        subscribe(family, to: topic) { key, _ in Key(key).map { [$0] } ?? [] }
     }
 
     private func subscribe<Key, Value>(
         _ family: AsyncStateFamily<Key, Value>, to topic: String,
-        parse: @escaping @Sendable (String, FamilyCore<Key, Value>) -> Key?
+        parse: @escaping @Sendable (String, FamilyCore<Key, Value>) -> [Key]
     ) {
         let core = WeakBox(family.core)
         add(
@@ -77,7 +77,7 @@ public final class AsyncStateInvalidator: Sendable {
             invalidate: { key in
                 guard let core = core.value else { return false }
                 if let key {
-                    if let parsed = parse(key, core) { core.invalidate(parsed) }
+                    for parsed in parse(key, core) { core.invalidate(parsed) }
                 } else {
                     for node in core.entries { core.invalidate(node.key) }
                 }
@@ -95,7 +95,10 @@ public final class AsyncStateInvalidator: Sendable {
     }
 
     /// Applies what the bus delivers until the calling task is cancelled or the bus's stream ends:
-    /// run it from a service's `run()`.
+    /// run it from a service's `run()`. The stream starts with
+    /// ``AsyncStateInvalidationDelivery/reconnected`` (see ``AsyncStateInvalidationBus``), so every
+    /// subscribed state is invalidated once the bus listens: what this replica fetched before then
+    /// may have changed on another replica, unseen.
     public func run() async {
         for await delivery in bus.deliveries() {
             apply(delivery)

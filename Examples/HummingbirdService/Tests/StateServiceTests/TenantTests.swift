@@ -29,8 +29,12 @@ struct Replicas {
     func run(_ body: () async throws -> Void) async throws {
         let tasks = replicas.map { replica in Task { await replica.catalog.invalidator!.run() } }
         defer { for task in tasks { task.cancel() } }
-        // Subscribed before anything is published (a message sent earlier would be lost).
-        #expect(await eventually { replicas.allSatisfy { $0.bus.listenerCount == 1 } })
+        // Subscribed before anything is published (a message sent earlier would be lost), and each
+        // stream's first delivery (`reconnected`) applied: every count of deliveries below starts at 1.
+        #expect(
+            await eventually {
+                replicas.allSatisfy { $0.bus.listenerCount == 1 && $0.catalog.invalidator!.deliveriesApplied == 1 }
+            })
         try await body()
     }
 }
@@ -58,13 +62,13 @@ func version(_ response: TestResponse) throws -> Int {
                     #expect(written.headers[HTTPField.Name("X-Invalidation")!] == "published")
                     #expect(try version(written) == 1)
                     // B cached "not found" as a failure: the message made it refetch.
-                    #expect(await eventually { replicas.replicas[1].catalog.invalidator!.deliveriesApplied == 1 })
+                    #expect(await eventually { replicas.replicas[1].catalog.invalidator!.deliveriesApplied == 2 })
                     var read = try await b.get("/config/acme")
                     #expect(read.status == .ok)
                     #expect(try version(read) == 1)
 
                     _ = try await a.put("/config/acme", #"{"theme":"light"}"#)
-                    #expect(await eventually { replicas.replicas[1].catalog.invalidator!.deliveriesApplied == 2 })
+                    #expect(await eventually { replicas.replicas[1].catalog.invalidator!.deliveriesApplied == 3 })
                     read = try await b.get("/config/acme")
                     #expect(try version(read) == 2)
                     #expect(read.text.contains("light"))
@@ -80,7 +84,7 @@ func version(_ response: TestResponse) throws -> Int {
         let (a, b) = (replicas.replicas[0], replicas.replicas[1])
         try await replicas.run {
             _ = try await a.catalog.writeTenant("acme", settings: ["v": "1"])
-            #expect(await eventually { b.catalog.invalidator!.deliveriesApplied == 1 })
+            #expect(await eventually { b.catalog.invalidator!.deliveriesApplied == 2 })
             #expect(try await b.catalog.tenantSnapshot("acme").value?.version == 1)
 
             // B's bus is cut off: it misses the second write and serves version 1 meanwhile.
