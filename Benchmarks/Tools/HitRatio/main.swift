@@ -184,20 +184,88 @@ func trace(exponent: Double, scans: Bool, keys: Int, requests: Int, seed: UInt64
     return (trace, zipf)
 }
 
+/// The real traces in `../shared/cache-traces` (beside the repository's checkout): each request a
+/// big-endian 32-bit key, xz-compressed (see that folder's SOURCES.md: cache2k's traces from
+/// Caffeine's simulator, CC BY 4.0, © headissue GmbH, Jens Wilke).
+let realTraces = ["web07", "web12", "orm-busy"]
+
+/// The requests of real trace `name`, or `nil` (with a message) when it cannot be read.
+func realTrace(_ name: String) -> [Int]? {
+    let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().deletingLastPathComponent()
+    let file = root.deletingLastPathComponent().appendingPathComponent(
+        "shared/cache-traces/caffeine-cache2k-\(name).trace.xz")
+    let xz = Process()
+    xz.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+    xz.arguments = ["xz", "-dc", file.path]
+    let pipe = Pipe()
+    xz.standardOutput = pipe
+    do { try xz.run() } catch {
+        print("cannot run xz for \(file.path): \(error)")
+        return nil
+    }
+    let data = pipe.fileHandleForReading.readDataToEndOfFile()
+    xz.waitUntilExit()
+    guard xz.terminationStatus == 0, data.count % 4 == 0 else {
+        print("cannot read \(file.path) (xz exited \(xz.terminationStatus))")
+        return nil
+    }
+    return data.withUnsafeBytes { bytes in
+        stride(from: 0, to: bytes.count, by: 4).map { offset in
+            Int(Int32(bigEndian: bytes.loadUnaligned(fromByteOffset: offset, as: Int32.self)))
+        }
+    }
+}
+
 let keys = 1_000_000
 let arguments = CommandLine.arguments.dropFirst()
 let requests = arguments.lazy.compactMap { Int($0) }.first ?? 2_000_000
 let only = arguments.first { Int($0) == nil }
+let selectedRealTraces = realTraces.filter { name in only.map(name.contains) ?? true }
 let traces = [
     ("Zipf 0.8", 0.8, false), ("Zipf 0.99", 0.99, false), ("Zipf 0.99 + scans", 0.99, true),
     // Almost only hits: a shard often meets more hits between two misses than its read buffer notes,
     // so the policy sees a sample of them.
     ("Zipf 1.5", 1.5, false),
 ].filter { trace in only.map(trace.0.contains) ?? true }
-guard requests > 0, !traces.isEmpty else {
-    print("usage: HitRatio [requests, more than 0] [part of a trace's name: Zipf 0.8, Zipf 0.99, scans, Zipf 1.5]")
+guard requests > 0, !traces.isEmpty || !selectedRealTraces.isEmpty else {
+    print(
+        "usage: HitRatio [requests, more than 0] [part of a trace's name: Zipf 0.8, Zipf 0.99, scans, Zipf 1.5,"
+            + " web07, web12, orm-busy]")
     exit(1)
 }
+
+/// A hit ratio in tenths of a percent.
+func percent(_ value: Double) -> String {
+    let tenths = Int((value * 10).rounded())
+    return "\(value < 0 && tenths == 0 ? "-" : "")\(tenths / 10).\(abs(tenths % 10)) %"
+}
+
+if !selectedRealTraces.isEmpty {
+    print("real traces (every request counted, capacity = 1 % and 10 % of the unique keys): family vs exact LRU")
+    print("trace       capacity   family    LRU      difference")
+    for name in selectedRealTraces {
+        guard let requested = realTrace(name) else { continue }
+        let unique = Set(requested).count
+        for capacity in [unique / 100, unique / 10] {
+            let family = AsyncStateFamily<Int, Int>(expiry: .seconds(1_000_000), capacity: capacity)
+            var lru = LRU(capacity: capacity)
+            var (familyHits, lruHits) = (0, 0)
+            for key in requested {
+                if family.recordUse(of: key, orSet: key) { familyHits += 1 }
+                if lru.use(key) { lruHits += 1 }
+            }
+            let ours = 100 * Double(familyHits) / Double(requested.count)
+            let theirs = 100 * Double(lruHits) / Double(requested.count)
+            let padded = name + String(repeating: " ", count: max(0, 12 - name.count))
+            let size = "\(capacity)" + String(repeating: " ", count: max(0, 10 - "\(capacity)".count))
+            print(
+                "\(padded)\(size) \(percent(ours))   \(percent(theirs))   \(ours >= theirs ? "+" : "")\(percent(ours - theirs))"
+            )
+        }
+    }
+}
+if traces.isEmpty { exit(0) }
 print("hit ratio over \(requests) requests, keys drawn from \(keys) (seeded), W-TinyLFU family vs exact LRU")
 print("trace                         capacity   family    LRU      difference   LFU, exact counts   bound (A0)")
 for (name, exponent, scans) in traces {
@@ -215,10 +283,6 @@ for (name, exponent, scans) in traces {
         let ours = 100 * Double(familyHits) / Double(requests)
         let theirs = 100 * Double(lruHits) / Double(requests)
         let bound = 100 * Double(optimalHits(requested, zipf: zipf, capacity: capacity)) / Double(requests)
-        func percent(_ value: Double) -> String {
-            let tenths = Int((value * 10).rounded())
-            return "\(tenths / 10).\(abs(tenths % 10)) %"
-        }
         let padded = name + String(repeating: " ", count: max(0, 30 - name.count))
         let size = "\(capacity)" + String(repeating: " ", count: max(0, 10 - "\(capacity)".count))
         print(
