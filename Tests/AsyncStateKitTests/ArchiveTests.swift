@@ -179,7 +179,7 @@ import Testing
     @Test func aFileOfAnUnknownVersionSaysSo() throws {
         defer { try? FileManager.default.removeItem(at: directory) }
         try Data(#"{"format":"swift-async-state","version":9,"contents":{}}"#.utf8).write(to: file.url)
-        #expect(throws: AsyncStateArchiveError.unknownVersion(found: 9, supported: 1)) { try file.load(Saved.self) }
+        #expect(throws: AsyncStateArchiveError.unknownVersion(found: 9, supported: 2)) { try file.load(Saved.self) }
     }
 
     @Test func aWriteThatDiesBeforeItsRenameLeavesThePreviousFileWhole() throws {

@@ -46,20 +46,26 @@ extension AsyncStateArchive: Equatable where Value: Equatable {}
 
 extension AsyncPhase.Kind: Codable {}
 
-/// Why saved data could not be used. Each means a cold start for what it concerns, never a crash.
+/// Why saved data could not be used, or saved. Each means a cold start for what it concerns, never a
+/// crash.
 public enum AsyncStateArchiveError: Error, Sendable, Equatable, CustomStringConvertible {
     /// The data was written by a version of this format that this library does not know.
     case unknownVersion(found: Int, supported: Int)
     /// The data is not an archive: truncated, damaged, or written by something else.
     case corrupt(String)
+    /// The file system refused to save `path`: `errno` is the system's error number (its reason,
+    /// such as "Not a directory", is in ``description``).
+    case cannotSave(path: String, errno: Int32)
 
     /// A readable explanation.
     public var description: String {
         switch self {
         case .unknownVersion(let found, let supported):
-            return "saved data of format version \(found), this library reads version \(supported)"
+            return "saved data of format version \(found), this library reads versions up to \(supported)"
         case .corrupt(let reason):
             return "saved data is corrupt: \(reason)"
+        case .cannotSave(let path, let code):
+            return "cannot save \(path): \(String(cString: strerror(code)))"
         }
     }
 }
@@ -91,35 +97,47 @@ public struct AsyncStateArchiveFile: Sendable {
         self.url = url
     }
 
-    /// Saves `contents`, replacing the previous data atomically.
+    /// Saves `contents`, replacing the previous data atomically. Dates are written in ISO 8601 with
+    /// milliseconds, so that a save and a load give back every date to the millisecond.
     ///
-    /// - Throws: The encoder's error, or the file system's (the previous data is then untouched).
+    /// - Throws: The encoder's error, or ``AsyncStateArchiveError/cannotSave(path:errno:)`` naming
+    ///   this file and the system's reason (the previous data is then untouched).
     public func save<Contents: Encodable>(_ contents: Contents) throws {
         let encoder = JSONEncoder()
-        encoder.dateEncodingStrategy = .iso8601
+        encoder.dateEncodingStrategy = .custom { date, encoder in
+            var container = encoder.singleValueContainer()
+            try container.encode(date.formatted(Self.dateFormat))
+        }
         let data = try encoder.encode(Saving(version: Self.formatVersion, contents: contents))
         let temporary = url.deletingLastPathComponent()
             .appendingPathComponent(".\(url.lastPathComponent).\(UUID().uuidString).tmp")
+        let failure = { (code: Int32) in AsyncStateArchiveError.cannotSave(path: url.path, errno: code) }
         // open(2) rather than FileManager.createFile, which itself writes through a temporary file
         // of its own that a killed process would leave behind.
         let descriptor = open(temporary.path, O_WRONLY | O_CREAT | O_EXCL, 0o644)
-        guard descriptor >= 0 else {
-            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: temporary.path, "errno": errno])
+        guard descriptor >= 0 else { throw failure(errno) }
+        let written = data.withUnsafeBytes { bytes -> Int32? in
+            var offset = 0
+            while offset < bytes.count {
+                let count = write(descriptor, bytes.baseAddress! + offset, bytes.count - offset)
+                if count < 0 {
+                    if errno == EINTR { continue }
+                    return errno
+                }
+                offset += count
+            }
+            return fsync(descriptor) == 0 ? nil : errno
         }
-        do {
-            let handle = FileHandle(fileDescriptor: descriptor, closeOnDealloc: true)
-            defer { try? handle.close() }
-            try handle.write(contentsOf: data)
-            try handle.synchronize()
-        } catch {
-            try? FileManager.default.removeItem(at: temporary)
-            throw error
+        let closed = close(descriptor) == 0 ? nil : errno
+        if let code = written ?? closed {
+            unlink(temporary.path)
+            throw failure(code)
         }
         // rename(2) replaces the target atomically: readers see the old file or the new one.
         guard rename(temporary.path, url.path) == 0 else {
             let code = errno
-            try? FileManager.default.removeItem(at: temporary)
-            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: url.path, "errno": code])
+            unlink(temporary.path)
+            throw failure(code)
         }
         removeAbandonedTemporaryFiles()
     }
@@ -149,7 +167,6 @@ public struct AsyncStateArchiveFile: Sendable {
         guard FileManager.default.fileExists(atPath: url.path) else { return nil }
         let data = try Data(contentsOf: url)
         let decoder = JSONDecoder()
-        decoder.dateDecodingStrategy = .iso8601
         let header: Header
         do {
             header = try decoder.decode(Header.self, from: data)
@@ -159,7 +176,20 @@ public struct AsyncStateArchiveFile: Sendable {
         guard header.format == Self.formatName else {
             throw AsyncStateArchiveError.corrupt("\(url.lastPathComponent) holds \(header.format), not saved states")
         }
-        guard header.version == Self.formatVersion else {
+        switch header.version {
+        case 1:
+            // Version 1 wrote dates in ISO 8601 to the second.
+            decoder.dateDecodingStrategy = .iso8601
+        case Self.formatVersion:
+            decoder.dateDecodingStrategy = .custom { decoder in
+                let text = try decoder.singleValueContainer().decode(String.self)
+                guard let date = try? Self.dateFormat.parse(text) else {
+                    throw DecodingError.dataCorrupted(
+                        .init(codingPath: decoder.codingPath, debugDescription: "not an ISO 8601 date: \(text)"))
+                }
+                return date
+            }
+        default:
             throw AsyncStateArchiveError.unknownVersion(found: header.version, supported: Self.formatVersion)
         }
         do {
@@ -170,7 +200,11 @@ public struct AsyncStateArchiveFile: Sendable {
     }
 
     static var formatName: String { "swift-async-state" }
-    static var formatVersion: Int { 1 }
+    /// The version this library writes: 2, whose dates keep their milliseconds. It also reads 1,
+    /// whose dates were whole seconds.
+    static var formatVersion: Int { 2 }
+    /// How version 2 writes dates: ISO 8601, in UTC, with milliseconds.
+    static var dateFormat: Date.ISO8601FormatStyle { Date.ISO8601FormatStyle(includingFractionalSeconds: true) }
 
     /// What the file holds, as written.
     private struct Saving<Contents: Encodable>: Encodable {
