@@ -20,7 +20,17 @@
 ///
 /// A caller that did not get fresh data at once — a miss — is reported as what it did next:
 /// ``AsyncStateEvent/Kind/joined`` a fetch in flight, or ``AsyncStateEvent/Kind/started(_:)`` one
-/// with ``AsyncStateEvent/Reason/fetch``; so misses are `joined` plus `started(.fetch)`.
+/// with ``AsyncStateEvent/Reason/fetch``; so misses are `joined` plus `started(.fetch)`. A caller
+/// answered at once with data that was not fresh is ``AsyncStateEvent/Kind/servedStale``, never a
+/// hit.
+///
+/// Every ``AsyncStateEvent/Kind/started(_:)`` is followed by exactly one outcome of that fetch:
+/// ``AsyncStateEvent/Kind/succeeded(duration:attempts:)``,
+/// ``AsyncStateEvent/Kind/failed(error:duration:attempts:)`` or ``AsyncStateEvent/Kind/cancelled``
+/// — the last also when the fetch was ended by something else: ``AsyncState/set(_:)`` (its result
+/// would never land), ``AsyncState/refresh(retry:_:)`` replacing it (reported before the new fetch's
+/// start), ``AsyncState/reset()``, ``AsyncState/cancel()``, or its last caller leaving. So a gauge of
+/// fetches in flight built from these events never drifts.
 public protocol AsyncStateObserver: Sendable {
     /// Called once per event.
     func observe(_ event: AsyncStateEvent)
@@ -46,6 +56,11 @@ public struct AsyncStateEvent: Sendable {
     public enum Kind: Sendable {
         /// A caller got fresh data at once.
         case hit
+        /// A caller got data that was not fresh at once: stale-while-revalidate, or restored data
+        /// under refresh ahead, while a fetch refreshes it (``started(_:)`` with
+        /// ``Reason/background`` follows when this caller started that fetch). Not a hit: a hit is
+        /// fresh data, so stale serves are counted apart, and rise exactly when the source struggles.
+        case servedStale
         /// A caller joined the fetch in flight.
         case joined
         /// A fetch started, for this reason.

@@ -433,7 +433,7 @@ final class RemovalLog: Sendable {
         }
         await clock.advance(by: .zero)
         #expect(!isCompact(family, 1))  // in flight
-        let live = family.core.peek(1).map { family.core.snapshot(of: $0, at: clock.now.offset) }
+        let live = family.core.snapshot(of: 1, at: clock.now.offset)
         #expect(live?.phase.isLoading == true)
         await clock.advance(by: .seconds(1))
         #expect(try await caller.value == 1)

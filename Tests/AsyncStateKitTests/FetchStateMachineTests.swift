@@ -120,8 +120,9 @@ import Testing
             }
             func describe(_ action: Machine.FetchAction) -> String {
                 switch action {
-                case .returnValue(let value): return "value(\(value))"
-                case .returnValueAndStart(let value, let attempt): return "stale(\(value))+start(\(attempt.operation))"
+                case .returnValue(let value, _): return "value(\(value))"
+                case .returnValueAndStart(let value, let attempt, _):
+                    return "stale(\(value))+start(\(attempt.operation))"
                 case .fail(let error): return "fail(\(Self.name(of: error)))"
                 case .join: return "join"
                 case .start(let attempt, false): return "start(\(attempt.operation))"

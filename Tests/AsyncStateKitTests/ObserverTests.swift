@@ -13,6 +13,7 @@ final class EventLog: AsyncStateObserver {
         let kind: String
         switch event.kind {
         case .hit: kind = "hit"
+        case .servedStale: kind = "servedStale"
         case .joined: kind = "joined"
         case .started(let reason): kind = "started(\(reason))"
         case .attemptFailed(let error, let attempt, let retryIn):

@@ -64,13 +64,18 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// - Parameters:
     ///   - expiry: How long each key's fetched data stays fresh. Defaults to 120 seconds.
     ///   - capacity: The most entries the family holds; values below 1 mean 1. Defaults to 10,000.
+    ///     Any capacity is accepted: memory follows the entries held, not the capacity.
     ///   - maximumWeight: The most the entries may weigh together, as `weigher` weighs them (each
     ///     entry with a value weighs 1 without one); `nil` (the default): no limit but the capacity.
-    ///     The family evicts to stay within both. An entry is weighed when its value is set and when
-    ///     a use of it ends (a background refresh that lands changes its weight at its next use).
-    ///     Values below 0 mean 0.
-    ///   - weigher: An entry's weight from its key and value (negative weights count as 0). Without a
-    ///     `maximumWeight` it is not used.
+    ///     The bound is the family's, whatever its shards: after any write, and whenever a use of an
+    ///     entry ends, the family evicts until it is within both bounds (entries in use or with a
+    ///     fetch in flight are never evicted; it then evicts when their use ends). An entry that
+    ///     alone weighs more than the maximum is never kept: it is evicted, and reported to
+    ///     `onRemoval`, as soon as nobody uses it. An entry is weighed when its value is set and
+    ///     when a use of it ends (a background refresh that lands changes its weight at its next
+    ///     use). Values below 0 mean 0.
+    ///   - weigher: An entry's weight from its key and value (negative weights count as 0; any
+    ///     weight up to `Int.max`, summed without overflow). Without a `maximumWeight` it is not used.
     ///   - idleExpiry: An entry not used for this long is removed; `nil` (the default), zero or less:
     ///     never.
     ///   - clock: The clock of every expiry, retry, timeout and the idle sweep. Defaults to
@@ -81,7 +86,9 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ///   - staleWhileRevalidate: Serve a key's stale value at once and refresh it in the background.
     ///   - refreshAfter: Refresh ahead: a hit on a key's data at least this old, but still fresh,
     ///     returns it and starts one background refresh (see ``AsyncState``).
-    ///   - isEmpty: Decides whether a fetched value is ``AsyncPhase/empty``. Defaults to never.
+    ///   - isEmpty: Decides whether a fetched value is ``AsyncPhase/empty``. Defaults to never;
+    ///     a family of collections or of optionals has its own initializers, whose default is the
+    ///     one ``AsyncState`` has (an empty collection, `nil`).
     ///   - onRemoval: Called when an entry leaves the family or its value is replaced by
     ///     ``set(_:for:)``, with the key, its last value and the reason; after every lock is
     ///     released, on the thread that caused it. Keep it short.
@@ -105,21 +112,75 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         name: String = "",
         observer: (any AsyncStateObserver)? = nil
     ) {
-        let isEmpty = isEmpty ?? { _ in false }
-        let configuration = StoreConfiguration<Value?>(
-            expiry: expiry, failureExpiry: failureExpiry, isEmpty: { $0.map(isEmpty) ?? false }, retry: retry,
-            timeout: timeout, staleWhileRevalidate: staleWhileRevalidate, refreshAfter: refreshAfter)
-        core = FamilyCore(
-            capacity: capacity, maximumWeight: maximumWeight, weigher: weigher, idleExpiry: idleExpiry,
-            configuration: configuration, clock: StoreClock(clock), onRemoval: onRemoval, name: name,
-            observer: observer)
+        self.init(
+            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
+            staleWhileRevalidate, refreshAfter, onRemoval, name, observer,
+            isEmpty: isEmpty ?? { _ in false })
+    }
+
+    /// Creates an empty family of collections; an empty collection is ``AsyncPhase/empty``, as in an
+    /// ``AsyncState`` of a collection.
+    ///
+    /// The parameters are those of
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-DISAMBIG``;
+    /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
+    public init(
+        expiry: Duration = .seconds(120),
+        capacity: Int = 10_000,
+        maximumWeight: Int? = nil,
+        weigher: (@Sendable (Key, Value) -> Int)? = nil,
+        idleExpiry: Duration? = nil,
+        clock: some Clock<Duration> = ContinuousClock(),
+        retry: RetryPolicy = .never,
+        timeout: Duration? = nil,
+        failureExpiry: Duration = .zero,
+        staleWhileRevalidate: Bool = false,
+        refreshAfter: Duration? = nil,
+        isEmpty: (@Sendable (Value) -> Bool)? = nil,
+        onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
+        name: String = "",
+        observer: (any AsyncStateObserver)? = nil
+    ) where Value: Collection {
+        self.init(
+            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
+            staleWhileRevalidate, refreshAfter, onRemoval, name, observer,
+            isEmpty: isEmpty ?? { $0.isEmpty })
+    }
+
+    /// Creates an empty family of optionals; `nil` is ``AsyncPhase/empty``, as in an ``AsyncState``
+    /// of an optional.
+    ///
+    /// The parameters are those of
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-DISAMBIG``;
+    /// `isEmpty` overrides `== nil` as the emptiness test.
+    public init<Wrapped: Sendable>(
+        expiry: Duration = .seconds(120),
+        capacity: Int = 10_000,
+        maximumWeight: Int? = nil,
+        weigher: (@Sendable (Key, Value) -> Int)? = nil,
+        idleExpiry: Duration? = nil,
+        clock: some Clock<Duration> = ContinuousClock(),
+        retry: RetryPolicy = .never,
+        timeout: Duration? = nil,
+        failureExpiry: Duration = .zero,
+        staleWhileRevalidate: Bool = false,
+        refreshAfter: Duration? = nil,
+        isEmpty: (@Sendable (Value) -> Bool)? = nil,
+        onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
+        name: String = "",
+        observer: (any AsyncStateObserver)? = nil
+    ) where Value == Wrapped? {
+        self.init(
+            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
+            staleWhileRevalidate, refreshAfter, onRemoval, name, observer,
+            isEmpty: isEmpty ?? { $0 == nil })
     }
 
     /// Creates a family holding `wrappedValue`'s values, fresh from now, as if each were given to
     /// ``set(_:for:)`` (beyond the capacity, the first ones are evicted).
     ///
     /// The other parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)``.
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-DISAMBIG``.
     public init(
         wrappedValue: [Key: Value],
         expiry: Duration = .seconds(120),
@@ -139,11 +200,84 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         observer: (any AsyncStateObserver)? = nil
     ) {
         self.init(
-            expiry: expiry, capacity: capacity, maximumWeight: maximumWeight, weigher: weigher,
-            idleExpiry: idleExpiry, clock: clock, retry: retry,
-            timeout: timeout, failureExpiry: failureExpiry, staleWhileRevalidate: staleWhileRevalidate,
-            refreshAfter: refreshAfter, isEmpty: isEmpty, onRemoval: onRemoval, name: name, observer: observer)
+            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
+            staleWhileRevalidate, refreshAfter, onRemoval, name, observer,
+            isEmpty: isEmpty ?? { _ in false })
         for (key, value) in wrappedValue { set(value, for: key) }
+    }
+
+    /// Creates a family of collections holding `wrappedValue`'s values, as
+    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-DISAMBIGW``
+    /// does; an empty collection is ``AsyncPhase/empty``.
+    public init(
+        wrappedValue: [Key: Value],
+        expiry: Duration = .seconds(120),
+        capacity: Int = 10_000,
+        maximumWeight: Int? = nil,
+        weigher: (@Sendable (Key, Value) -> Int)? = nil,
+        idleExpiry: Duration? = nil,
+        clock: some Clock<Duration> = ContinuousClock(),
+        retry: RetryPolicy = .never,
+        timeout: Duration? = nil,
+        failureExpiry: Duration = .zero,
+        staleWhileRevalidate: Bool = false,
+        refreshAfter: Duration? = nil,
+        isEmpty: (@Sendable (Value) -> Bool)? = nil,
+        onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
+        name: String = "",
+        observer: (any AsyncStateObserver)? = nil
+    ) where Value: Collection {
+        self.init(
+            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
+            staleWhileRevalidate, refreshAfter, onRemoval, name, observer,
+            isEmpty: isEmpty ?? { $0.isEmpty })
+        for (key, value) in wrappedValue { set(value, for: key) }
+    }
+
+    /// Creates a family of optionals holding `wrappedValue`'s values, as
+    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-DISAMBIGW``
+    /// does; `nil` is ``AsyncPhase/empty``.
+    public init<Wrapped: Sendable>(
+        wrappedValue: [Key: Value],
+        expiry: Duration = .seconds(120),
+        capacity: Int = 10_000,
+        maximumWeight: Int? = nil,
+        weigher: (@Sendable (Key, Value) -> Int)? = nil,
+        idleExpiry: Duration? = nil,
+        clock: some Clock<Duration> = ContinuousClock(),
+        retry: RetryPolicy = .never,
+        timeout: Duration? = nil,
+        failureExpiry: Duration = .zero,
+        staleWhileRevalidate: Bool = false,
+        refreshAfter: Duration? = nil,
+        isEmpty: (@Sendable (Value) -> Bool)? = nil,
+        onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
+        name: String = "",
+        observer: (any AsyncStateObserver)? = nil
+    ) where Value == Wrapped? {
+        self.init(
+            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
+            staleWhileRevalidate, refreshAfter, onRemoval, name, observer,
+            isEmpty: isEmpty ?? { $0 == nil })
+        for (key, value) in wrappedValue { set(value, for: key) }
+    }
+
+    /// What the public initializers share; they differ only in the default emptiness test (and in
+    /// the values some of them start with).
+    private init(
+        _ expiry: Duration, _ capacity: Int, _ maximumWeight: Int?, _ weigher: (@Sendable (Key, Value) -> Int)?,
+        _ idleExpiry: Duration?, _ clock: some Clock<Duration>, _ retry: RetryPolicy, _ timeout: Duration?,
+        _ failureExpiry: Duration, _ staleWhileRevalidate: Bool, _ refreshAfter: Duration?,
+        _ onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)?, _ name: String,
+        _ observer: (any AsyncStateObserver)?, isEmpty: @escaping @Sendable (Value) -> Bool
+    ) {
+        let configuration = StoreConfiguration<Value?>(
+            expiry: expiry, failureExpiry: failureExpiry, isEmpty: { $0.map(isEmpty) ?? false }, retry: retry,
+            timeout: timeout, staleWhileRevalidate: staleWhileRevalidate, refreshAfter: refreshAfter)
+        core = FamilyCore(
+            capacity: capacity, maximumWeight: maximumWeight, weigher: weigher, idleExpiry: idleExpiry,
+            configuration: configuration, clock: StoreClock(clock), onRemoval: onRemoval, name: name,
+            observer: observer)
     }
 
     // MARK: Reading
@@ -161,27 +295,24 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     public var projectedValue: AsyncStateFamily<Key, Value> { self }
 
     /// The latest value of `key`, or `nil` if it has none (never fetched, or not in the family). Does
-    /// not count as a use.
+    /// not count as a use. Specialized in the caller's module, as ``value(for:retry:_:)`` is: one
+    /// shard's lock, no allocation.
+    @inlinable
     public subscript(key: Key) -> Value? {
-        switch core.peek(key) {
-        case .compact(let settled): return settled.value
-        case .live(let store): return store.cell.value
-        case nil: return nil
-        }
+        core.latestValue(of: key)
     }
 
     /// The current snapshot of `key` — its value (`nil` before its first fetch), phase, expiry and
-    /// metadata — or `nil` when the key has no entry. Does not count as a use.
+    /// metadata — or `nil` when the key has no entry. Does not count as a use. Specialized in the
+    /// caller's module, as the subscript is.
+    @inlinable
     public func snapshot(for key: Key) -> AsyncSnapshot<Value?>? {
-        core.peek(key).map { core.snapshot(of: $0, at: core.clock.now()) }
+        core.snapshot(of: key, at: core.clock.now())
     }
 
     /// The snapshots of every entry.
     public var snapshots: [Key: AsyncSnapshot<Value?>] {
-        let now = core.clock.now()
-        var snapshots: [Key: AsyncSnapshot<Value?>] = [:]
-        for node in core.entries { snapshots[node.key] = core.snapshot(of: node.entry, at: now) }
-        return snapshots
+        Dictionary(core.snapshots(at: core.clock.now()), uniquingKeysWith: { first, _ in first })
     }
 
     /// The number of entries (keys with a value, a fetch in flight, a failure or a subscriber).
@@ -376,6 +507,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         let batch = BatchLoad<Key, Value>(operation: operation)
         var waiting: [(Key, AsyncStateStore<Value?>, UInt64)] = []
         var started: [Key] = []
+        var attempts: [OperationContext.Entry] = []
         var seen = Set<Key>()
         var pinned: [Key] = []
         defer { for key in pinned { core.unpin(key) } }
@@ -390,22 +522,27 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
             let mode: AsyncStateStore<Value?>.Machine.FetchMode =
                 store.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
             do {
+                let attempt: UInt64?
                 switch try store.enter({ try await batch.value(for: key) }, mode: mode, policy: retry) {
                 case .value(let value?, let didStart):
                     results[key] = .success(value)
-                    if didStart { started.append(key) }  // a background refresh (stale or ahead)
+                    attempt = didStart  // a background refresh (stale or ahead)
                 case .value(nil, _):
                     preconditionFailure("a family's entry answered without a value")
                 case .wait(let waiter, let didStart):
                     waiting.append((key, store, waiter))
-                    if didStart { started.append(key) }
+                    attempt = didStart
+                }
+                if let attempt {
+                    started.append(key)
+                    attempts.append(store.mark(attempt))
                 }
             } catch {
                 results[key] = .failure(error)
             }
         }
         // Every flight this call started is known: the batch loads exactly their keys.
-        if !started.isEmpty { batch.start(started, executor: core.clock.executor) }
+        if !started.isEmpty { batch.start(started, attempts: attempts, executor: core.clock.executor) }
         for (key, store, waiter) in waiting {
             do {
                 guard let value = try await store.wait(waiter) else {

@@ -36,13 +36,17 @@ final class BatchLoad<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         self.operation = operation
     }
 
-    /// Starts the batch for `keys` (the keys whose flights this batch call started).
+    /// Starts the batch for `keys` (the keys whose flights this batch call started). `attempts` mark
+    /// the batch's task as running those flights' first attempts (see ``OperationContext``): the
+    /// operation runs their work, so a call from it into one of its own keys is refused as
+    /// reentrant, as it would be from a single key's operation, instead of waiting for itself.
     @usableFromInline
-    func start(_ keys: [Key], executor: (any TaskExecutor)?) {
-        let task = Task(executorPreference: executor) { [self] in
+    func start(_ keys: [Key], attempts: [OperationContext.Entry], executor: (any TaskExecutor)?) {
+        let marked = OperationContext.running + attempts
+        let task = Task(executorPreference: executor) { [self, operation] in
             let outcome: Result<[Key: Value], any Error>
             do {
-                outcome = .success(try await operation(keys))
+                outcome = .success(try await OperationContext.$running.withValue(marked) { try await operation(keys) })
             } catch {
                 outcome = .failure(error)
             }

@@ -7,12 +7,15 @@ import Synchronization
 /// that a key has no value before its first fetch), made with the family's configuration and clock,
 /// and a compact record of its settled data while nobody uses it (see ``FamilyShard``). A key belongs
 /// to one shard, chosen by its hash; each shard has its own lock and eviction policy. The capacity
-/// is the family's, kept by an atomic count of entries: a new entry that takes the count past it
-/// evicts within its own shard. The hit path takes one shard's lock (and,
-/// for a live entry, its store's); no lock or actor is shared by all keys.
+/// and the maximum weight are the family's, not a shard's: the entries are counted by an atomic
+/// count, and weighed by a ``WeightLedger``, across shards. A write or the end of a use that takes
+/// the family past either evicts within its own shard first, then from the other shards in turn
+/// (see ``trim(after:)``), so any entry no heavier than the maximum can be held however
+/// the keys fall into shards. The hit path takes one shard's lock (and, for a live entry, its
+/// store's); no lock or actor is shared by all keys.
 ///
-/// Lock order: the sweeper's lock, then a shard's, then a store's. Removal callbacks run after every
-/// lock is released.
+/// Lock order: the sweeper's lock, then a shard's, then a store's or the weight ledger's. Removal
+/// callbacks run after every lock is released.
 @usableFromInline
 final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @usableFromInline typealias Shard = FamilyShard<Key, Value>
@@ -28,9 +31,11 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @usableFromInline let clock: StoreClock
     /// How long a hit is answered from the shard: the expiry, or the refresh-ahead age.
     @usableFromInline let hitWindow: Duration
+    /// How long data stays fresh (for snapshots).
+    @usableFromInline let expiry: Duration
     let capacity: Int
-    /// Whether entries are weighed (a maximum weight was given).
-    let isWeighed: Bool
+    /// What the entries weigh together, with the maximum; `nil` without a maximum weight.
+    let ledger: WeightLedger?
     let idleExpiry: Duration?
     private let onRemoval: OnRemoval?
     /// The family's name and observer; each entry reports with its key.
@@ -60,26 +65,26 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         // One shard for a small family (one policy for the whole family); up to 16
         // for a large one, so that concurrent hits on different keys rarely share a lock.
         let shardCount = capacity >= 16 * 256 ? 16 : capacity >= 4 * 256 ? 4 : 1
-        // Without a weigher an entry with a value weighs 1.
+        // Without a weigher an entry with a value weighs 1. A negative maximum means zero.
         let weigher = maximumWeight == nil ? nil : weigher ?? { _, _ in 1 }
-        let maximumWeight = maximumWeight.map { max(0, $0) }
+        let ledger = maximumWeight.map { WeightLedger(maximum: max(0, $0)) }
         let idleExpiry = idleExpiry.flatMap { $0 > .zero ? $0.clampedToLimits : nil }
         shards = (0..<shardCount).map { index in
-            // Each shard's policy is sized for its share of the capacity, and holds its share of the
-            // maximum weight.
+            // Each shard's policy is sized for its share of the capacity; the maximum weight is the
+            // family's (the ledger).
             LockedValue(
                 Shard(
                     capacity: capacity / shardCount + (index < capacity % shardCount ? 1 : 0),
-                    weightLimit: maximumWeight.map { $0 / shardCount + (index < $0 % shardCount ? 1 : 0) },
-                    weigher: weigher, tracksIdle: idleExpiry != nil))
+                    weigher: weigher, ledger: ledger, tracksIdle: idleExpiry != nil, configuration: configuration))
         }
         firstShard = shards[0]
-        isWeighed = maximumWeight != nil
+        self.ledger = ledger
         shardMask = shardCount - 1
         self.capacity = capacity
         self.idleExpiry = idleExpiry
         self.configuration = configuration
         hitWindow = configuration.refreshAfter ?? configuration.expiry
+        expiry = configuration.expiry
         self.clock = clock
         self.onRemoval = onRemoval
     }
@@ -90,7 +95,36 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     @inlinable
     func shard(for key: Key) -> LockedValue<Shard> {
-        shardMask == 0 ? shards[0] : shards[key.hashValue & shardMask]
+        shards[shardIndex(for: key)]
+    }
+
+    /// The index of `key`'s shard.
+    @inlinable
+    func shardIndex(for key: Key) -> Int {
+        shardMask == 0 ? 0 : key.hashValue & shardMask
+    }
+
+    // MARK: Reads that are not uses
+
+    /// The latest value of `key`, if it has an entry with one; no access is recorded. Inlinable, as
+    /// the hit paths are: specialized in the caller's module, it looks up no generic metadata.
+    @inlinable
+    func latestValue(of key: Key) -> Value? {
+        let hash = key.hashValue
+        return withHitShard(hash) { $0.latestValue(of: key, hash: hash) }
+    }
+
+    /// The snapshot of `key`'s entry at `now`, or `nil` without an entry; no access is recorded.
+    /// Inlinable, as ``latestValue(of:)``.
+    @inlinable
+    func snapshot(of key: Key, at now: Duration) -> AsyncSnapshot<Value?>? {
+        let hash = key.hashValue
+        return withHitShard(hash) { $0.snapshot(of: key, hash: hash, at: now, expiry: expiry) }
+    }
+
+    /// Every entry's snapshot at `now`, shard by shard.
+    func snapshots(at now: Duration) -> [(Key, AsyncSnapshot<Value?>)] {
+        shards.flatMap { $0.withLock { $0.snapshots(at: now, expiry: expiry) } }
     }
 
     // MARK: Hits
@@ -191,8 +225,8 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         trim(after: key)
     }
 
-    /// The total weight of the entries (0 without a maximum weight).
-    var weight: Int { shards.reduce(0) { $0 + $1.withLock { $0.totalWeight } } }
+    /// The total weight of the entries (0 without a maximum weight), at most `Int.max`.
+    var weight: Int { ledger?.weight ?? 0 }
 
     private func nextSeed() -> UInt64 {
         seeds.wrappingAdd(0x9E37_79B9_7F4A_7C15, ordering: .relaxed).newValue
@@ -202,31 +236,61 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// the idle sweeper.
     private func entered(_ key: Key) {
         population.add(1, ordering: .relaxed)
-        trim(after: key, sparing: key)
+        trim(after: key)
         startSweeperIfNeeded()
     }
 
-    /// While the family is over its capacity, evicts entries of `key`'s shard (as its policy chooses)
-    /// that are not busy (and not `sparing`). Called when an entry is made and when a use ends (an
-    /// entry that was busy may be evicted now).
-    private func trim(after key: Key, sparing: Key? = nil) {
-        guard isWeighed || population.load(ordering: .relaxed) > capacity else { return }
+    /// Whether the family holds more entries than its capacity, or weighs more than its maximum.
+    private var isOver: Bool {
+        population.load(ordering: .relaxed) > capacity || ledger?.isOver == true
+    }
+
+    /// Brings the family back within its capacity and maximum weight after a write to `key`'s entry,
+    /// its making, or the end of a use of it (an entry that was busy may go now). Called after
+    /// every such change, so that after any write the family holds and weighs no more than its
+    /// bounds — except for busy entries, which are never evicted (it then evicts when a use ends).
+    ///
+    /// `key`'s entry goes first if it alone weighs more than the maximum (reported as evicted): no
+    /// other entry is evicted for it. Otherwise it is the entry just written or used — the most
+    /// recently used — and goes last: `key`'s shard evicts as its policy chooses, sparing it; if the
+    /// family is still over (that shard had nothing else to evict, or holds little of the weight),
+    /// the other shards evict in turn, one entry each per round, each as its own policy chooses;
+    /// only then, if the family is still over, `key`'s entry goes.
+    private func trim(after key: Key) {
+        guard ledger != nil || population.load(ordering: .relaxed) > capacity else { return }
         var removed: [Shard.Removed] = []
-        shard(for: key).withLock { shard in
-            let excess = max(0, population.load(ordering: .relaxed) - capacity)
-            guard excess > 0 || shard.isOverweight else { return }
-            population.subtract(shard.evict(excess, sparing: sparing, into: &removed), ordering: .relaxed)
+        let home = shardIndex(for: key)
+        func evicted(_ done: Bool) -> Bool {
+            if done { population.subtract(1, ordering: .relaxed) }
+            return done
+        }
+        let keyWent = shards[home].withLock { shard in
+            if let ledger, evicted(shard.evict(key, ifHeavierThan: ledger.maximum, into: &removed)) { return true }
+            while isOver, evicted(shard.evictOne(sparing: key, into: &removed)) {}
+            return false
+        }
+        var evicting = !keyWent && isOver && shards.count > 1
+        while evicting {
+            evicting = false
+            for offset in 1..<shards.count where isOver {
+                shards[(home + offset) & shardMask].withLock { shard in
+                    if isOver, evicted(shard.evictOne(into: &removed)) { evicting = true }
+                }
+            }
+        }
+        if !keyWent, isOver {
+            shards[home].withLock { shard in _ = isOver && evicted(shard.evict(key, into: &removed)) }
         }
         report(removed)
     }
 
     /// Writes `value` for `key` as a store's `set` would: in the shard for a new or compact entry,
-    /// through the store otherwise. Returns the value it replaced.
+    /// through the store otherwise. Returns the value it replaced. The family is then trimmed to
+    /// its bounds, `key`'s entry last (see ``trim(after:)``).
     func set(_ value: Value, for key: Key) -> Value? {
         let now = clock.now()
         let (done, inserted, replaced) = shard(for: key).withLock { shard in
-            shard.setIfCompact(
-                value, for: key, at: now, date: clock.date(), isEmpty: configuration.isEmpty(value))
+            shard.setIfCompact(value, for: key, at: now, date: clock.date())
         }
         if done {
             if inserted { entered(key) } else { trim(after: key) }
@@ -246,7 +310,8 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     /// Marks `key`'s data expired.
     func invalidate(_ key: Key) {
-        guard let entry = shard(for: key).withLock({ $0.invalidateIfCompact(key) }) else { return }
+        let now = clock.now()
+        guard let entry = shard(for: key).withLock({ $0.invalidateIfCompact(key, at: now) }) else { return }
         switch entry {
         case .live(let store):
             store.invalidate()
@@ -291,19 +356,11 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         shards.flatMap { $0.withLock { $0.entries } }
     }
 
-    /// The snapshot of an entry at `now`.
-    func snapshot(of entry: Shard.Entry, at now: Duration) -> AsyncSnapshot<Value?> {
-        switch entry {
-        case .live(let store):
-            return store.cell.snapshot(at: now)
-        case .compact(let settled):
-            return settled.snapshot(
-                isExpired: !isWithinExpiry(since: settled.freshSince, at: now, expiry: configuration.expiry))
-        }
-    }
-
     /// The number of entries.
     var count: Int { population.load(ordering: .relaxed) }
+
+    /// The bytes the shards' buffers hold (see ``FamilyShard/bufferBytes``), for tests.
+    var bufferBytes: Int { shards.reduce(0) { $0 + $1.withLock { $0.bufferBytes } } }
 
     /// Reports a replaced value to the removal callback.
     func reportReplaced(_ key: Key, _ value: Value?) {

@@ -43,7 +43,8 @@ public import Foundation
 @usableFromInline
 struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     @usableFromInline typealias Store = AsyncStateStore<Value?>
-    @usableFromInline typealias Settled = Store.Machine.Settled
+    @usableFromInline typealias Machine = Store.Machine
+    @usableFromInline typealias Settled = Machine.Settled
 
     /// What an entry holds (see ``entry(at:)``).
     @usableFromInline
@@ -113,13 +114,15 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         }
     }
 
-    /// What a compact entry keeps besides its value and freshness (read off the hit path).
+    /// What a compact entry keeps besides its value and freshness (read off the hit path): the rest
+    /// of its ``Settled`` state.
     @usableFromInline
     struct Metadata {
         @usableFromInline var phase: AsyncPhase
         @usableFromInline var lastError: (any Error)?
         @usableFromInline var lastSuccess: Date?
         @usableFromInline var successCount: Int
+        var restoredUntil: Duration?
     }
 
     /// An entry in the idle heap: its slot, and a lower bound of its last access (see the type's
@@ -141,17 +144,20 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     // does not move, in parallel arrays: the record's position, the lists, the last accesses (with
     // an idle expiry), what a compact entry keeps off the hit path, and the weights.
     @usableFromInline var index = SlotIndex()
-    /// A power of two of positions, at most three quarters used (see ``growRecords()``).
-    @usableFromInline var records = Array(repeating: Record.free, count: SlotIndex.initialCount)
+    /// A power of two of positions, at most three quarters used (see ``growRecords()``); one free
+    /// position in an empty shard, so that memory follows the entries held.
+    @usableFromInline var records = [Record.free]
     /// Each slot's position in `records` (-1 for a sentinel or a free slot).
     @usableFromInline var positions: [Int32] = []
     /// Each entry's last access, when `tracksIdle` (empty otherwise: nothing reads it).
     @usableFromInline var lastAccess: [Duration] = []
     @usableFromInline var links: [Link] = []
     @usableFromInline var metadata: [Metadata?] = []
-    /// Each entry's weight (0 without a weigher or a value), and their sum.
+    /// Each entry's weight (0 without a weigher or a value; never negative), and their sum: in
+    /// `Int128`, so that no number of entries of any weight overflows it. Every change is also
+    /// added to the family's ``WeightLedger``, which holds the sum over every shard.
     var weights: [Int] = []
-    private(set) var totalWeight = 0
+    private(set) var totalWeight: Int128 = 0
     @usableFromInline var freeSlots: [Int32] = []
     /// Slots 0, 1 and 2 are the sentinels of the window, probation and protected lists: each list is
     /// circular through its sentinel, whose `older` is the list's most recently used entry and whose
@@ -166,9 +172,10 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     @usableFromInline let protectedLimit: Int
     @usableFromInline var sketch: FrequencySketch
     /// The hits noted since the policy last applied them (the first `pendingReads` slots, and their
-    /// keys' hashes), and every hit since then, noted or not.
-    @usableFromInline var reads: [Int32]
-    @usableFromInline var readHashes: [Int]
+    /// keys' hashes), and every hit since then, noted or not. Allocated with the first entry (a hit
+    /// needs an entry), so that an empty shard holds no buffer.
+    @usableFromInline var reads: [Int32] = []
+    @usableFromInline var readHashes: [Int] = []
     @usableFromInline var pendingReads = 0
     @usableFromInline var hitsSinceApplied = 0
     /// How many hits the buffer notes, and after how many hits a hit applies it.
@@ -180,20 +187,21 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     @usableFromInline let tracksIdle: Bool
     /// The share of the family's capacity this shard is sized for.
     let capacity: Int
-    /// The share of the family's maximum weight this shard may hold, and how an entry is weighed;
-    /// `nil` without a maximum weight.
-    let weightLimit: Int?
+    /// How an entry is weighed, and the family's total weight; `nil` without a maximum weight.
     let weigher: (@Sendable (Key, Value) -> Int)?
+    let ledger: WeightLedger?
+    /// The family's policies: what a compact entry's machine is restored with (see ``settle(_:_:)``).
+    let configuration: StoreConfiguration<Value?>
 
     init(
-        capacity: Int, weightLimit: Int? = nil, weigher: (@Sendable (Key, Value) -> Int)? = nil,
-        tracksIdle: Bool = false
+        capacity: Int, weigher: (@Sendable (Key, Value) -> Int)? = nil, ledger: WeightLedger? = nil,
+        tracksIdle: Bool = false,
+        configuration: StoreConfiguration<Value?> = StoreConfiguration(expiry: .seconds(120), isEmpty: { _ in false })
     ) {
-        self.weightLimit = weightLimit
-        self.weigher = weigher
+        self.configuration = configuration
+        self.weigher = ledger == nil ? nil : weigher
+        self.ledger = ledger
         self.tracksIdle = tracksIdle
-        reads = Array(repeating: 0, count: Self.readBufferSize)
-        readHashes = Array(repeating: 0, count: Self.readBufferSize)
         for segment in 0..<Self.sentinels {
             positions.append(-1)
             if tracksIdle { lastAccess.append(.zero) }
@@ -205,11 +213,21 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         }
         self.capacity = max(1, capacity)
         windowLimit = max(1, self.capacity / 100)
-        protectedLimit = max(0, (self.capacity - windowLimit) * 8 / 10)
+        // In Int128: 8 × a capacity near `Int.max` would overflow.
+        protectedLimit = Int(Int128(self.capacity - windowLimit) * 8 / 10)
         sketch = FrequencySketch(capacity: self.capacity)
     }
 
     var count: Int { index.count }
+
+    /// The bytes this shard's buffers hold (by their capacity): what memory follows, for tests that
+    /// an empty shard costs the same whatever its capacity, and that it grows with its entries.
+    var bufferBytes: Int {
+        func bytes<Element>(_ array: [Element]) -> Int { array.capacity * MemoryLayout<Element>.stride }
+        return bytes(records) + bytes(index.buckets) + bytes(positions) + bytes(lastAccess) + bytes(links)
+            + bytes(metadata) + bytes(weights) + bytes(freeSlots) + bytes(sketch.words) + bytes(reads)
+            + bytes(readHashes) + bytes(idleHeap)
+    }
 
     /// How many positions from its home a lookup tries before it asks the index.
     @usableFromInline static var nearby: Int { 4 }
@@ -283,16 +301,57 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         -> AsyncSnapshot<Value?>?
     {
         guard let position = position(of: key, hash: hash) else { return nil }
-        let slot = records[position].slot
-        hit(slot, hash: hash, at: now)
+        hit(records[position].slot, hash: hash, at: now)
         if let store = records[position].store { return store.cell.freshSnapshot(at: now) }
-        guard isWithinExpiry(since: records[position].freshness, at: now, expiry: hitWindow),
-            let metadata = metadata[Int(slot)]
-        else { return nil }
-        // As `entry(at:)` and `Settled.snapshot(isExpired:)` would make it.
+        guard isWithinExpiry(since: records[position].freshness, at: now, expiry: hitWindow) else { return nil }
+        return compactSnapshot(at: position, isExpired: false)
+    }
+
+    /// The snapshot of the compact entry whose record is at `position`: the one place a compact
+    /// entry's snapshot is made (a hit's, a read's, every entry's), as its store's would be.
+    @inlinable
+    func compactSnapshot(at position: Int, isExpired: Bool) -> AsyncSnapshot<Value?> {
+        let metadata = metadata[Int(records[position].slot)]!
         return AsyncSnapshot(
-            value: records[position].value, phase: metadata.phase, isExpired: false, lastError: metadata.lastError,
-            lastSuccess: metadata.lastSuccess, successCount: metadata.successCount, hasValue: true)
+            value: records[position].value, phase: metadata.phase, isExpired: isExpired,
+            lastError: metadata.lastError, lastSuccess: metadata.lastSuccess, successCount: metadata.successCount,
+            hasValue: true)
+    }
+
+    // MARK: Reads that are not uses
+
+    /// The latest value of `key`, whose hash is `hash`, if it has an entry with a value; no access
+    /// is recorded. Inlinable, as the hit paths are, so that it is specialized in the caller's module.
+    @inlinable
+    func latestValue(of key: Key, hash: Int) -> Value? {
+        guard let position = position(of: key, hash: hash) else { return nil }
+        return records.withUnsafeBufferPointer { records in
+            if let store = records[position].store { return store.cell.value }
+            return records[position].value
+        }
+    }
+
+    /// The snapshot of `key`'s entry at `now`, whose data stays fresh for `expiry`; `nil` without an
+    /// entry. No access is recorded. Inlinable, as ``latestValue(of:hash:)``.
+    @inlinable
+    func snapshot(of key: Key, hash: Int, at now: Duration, expiry: Duration) -> AsyncSnapshot<Value?>? {
+        guard let position = position(of: key, hash: hash) else { return nil }
+        return snapshot(at: position, now: now, expiry: expiry)
+    }
+
+    /// The snapshot at `now` of the entry whose record is at `position`.
+    @inlinable
+    func snapshot(at position: Int, now: Duration, expiry: Duration) -> AsyncSnapshot<Value?> {
+        if let store = records[position].store { return store.cell.snapshot(at: now) }
+        return compactSnapshot(
+            at: position, isExpired: !isWithinExpiry(since: records[position].freshness, at: now, expiry: expiry))
+    }
+
+    /// Every entry's key and snapshot at `now` (see ``snapshot(at:now:expiry:)``).
+    func snapshots(at now: Duration, expiry: Duration) -> [(Key, AsyncSnapshot<Value?>)] {
+        records.indices.compactMap { position in
+            records[position].key.map { ($0, snapshot(at: position, now: now, expiry: expiry)) }
+        }
     }
 
     /// A hit on the entry at `slot`, whose key's hash is `hash`, at `now`: its last access is written
@@ -333,7 +392,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         return .compact(
             Settled(
                 value: record.value, phase: metadata.phase, freshSince: record.freshness,
-                lastError: metadata.lastError, lastSuccess: metadata.lastSuccess, successCount: metadata.successCount))
+                lastError: metadata.lastError, lastSuccess: metadata.lastSuccess, successCount: metadata.successCount,
+                restoredUntil: metadata.restoredUntil))
     }
 
     /// The latest value of the entry at `slot`.
@@ -364,7 +424,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         records[position].freshness = settled.freshSince
         metadata[slot] = Metadata(
             phase: settled.phase, lastError: settled.lastError, lastSuccess: settled.lastSuccess,
-            successCount: settled.successCount)
+            successCount: settled.successCount, restoredUntil: settled.restoredUntil)
     }
 
     // MARK: Using an entry
@@ -407,27 +467,31 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     private mutating func weigh(_ slot: Int) {
         guard let weigher else { return }
         let weight = value(at: slot).map { max(0, weigher(records[at(slot)].key!, $0)) } ?? 0
-        totalWeight += weight - weights[slot]
-        weights[slot] = weight
+        setWeight(weight, of: slot)
     }
 
-    /// Whether the entries weigh more than this shard's share of the maximum weight.
-    var isOverweight: Bool { weightLimit.map { totalWeight > $0 } ?? false }
+    /// Sets the weight of the entry at `slot`, in this shard's total and the family's ledger.
+    private mutating func setWeight(_ weight: Int, of slot: Int) {
+        let change = Int128(weight) - Int128(weights[slot])
+        guard change != 0 else { return }
+        weights[slot] = weight
+        totalWeight += change
+        ledger?.add(change)
+    }
 
-    /// Writes `value` as ``AsyncStateStore/set(_:)`` would, if `key` has no entry or a compact one
-    /// that nobody uses: returns `done`, whether it made the entry, and the value it replaced.
-    /// Otherwise returns `done == false` and changes nothing (the caller sets through the store).
-    mutating func setIfCompact(_ value: Value, for key: Key, at now: Duration, date: Date, isEmpty: Bool) -> (
+    /// Writes `value` if `key` has no entry or a compact one that nobody uses: returns `done`,
+    /// whether it made the entry, and the value it replaced. Otherwise returns `done == false` and
+    /// changes nothing (the caller sets through the store). The write is the machine's own
+    /// (``FetchStateMachine/set(_:now:date:)`` on the entry's settled state; see ``settle(_:_:)``).
+    mutating func setIfCompact(_ value: Value, for key: Key, at now: Duration, date: Date) -> (
         done: Bool, inserted: Bool, replaced: Value?
     ) {
-        let phase: AsyncPhase = isEmpty ? .empty : .success(date)
         let hash = key.hashValue
         guard let slot = slot(of: key, hash: hash) else {
             let slot = Int(allocate(key, hash: hash, at: now))
-            makeCompact(
-                slot,
-                Settled(
-                    value: value, phase: phase, freshSince: now, lastError: nil, lastSuccess: nil, successCount: 0))
+            var machine = Machine(initialValue: nil, configuration: configuration)
+            _ = machine.set(value, now: now, date: date)
+            makeCompact(slot, machine.settled!)
             weigh(slot)
             return (true, true, nil)
         }
@@ -435,24 +499,32 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         let position = at(i)
         guard links[i].users == 0, records[position].store == nil else { return (false, false, nil) }
         let replaced = records[position].value
-        // `set` keeps the metadata (last error, last success, success count).
-        records[position].value = value
-        records[position].freshness = now
-        metadata[i]!.phase = phase
+        settle(i) { _ = $0.set(value, now: now, date: date) }
         weigh(i)
         touch(slot, at: now)
         return (true, false, replaced)
     }
 
-    /// Marks `key`'s compact data expired, as ``AsyncStateStore/invalidate()`` would, and returns
+    /// Marks `key`'s compact data expired, as the machine's
+    /// ``FetchStateMachine/invalidate(now:)`` does (on the entry's settled state), and returns
     /// `.compact`; returns a live entry's store instead (for the caller to invalidate); `nil` without
     /// an entry.
-    mutating func invalidateIfCompact(_ key: Key) -> Entry? {
+    mutating func invalidateIfCompact(_ key: Key, at now: Duration) -> Entry? {
         guard let slot = slot(of: key) else { return nil }
         let position = at(Int(slot))
         if let store = records[position].store { return .live(store) }
-        records[position].freshness = nil
+        settle(Int(slot)) { _ = $0.invalidate(now: now) }
         return entry(at: Int(slot))
+    }
+
+    /// Applies `event` to the compact entry at `slot` through the machine a store would restore from
+    /// it, and keeps what it settles to: so a compact entry follows the machine's rules, never a copy
+    /// of them. The event must leave the machine settled (a write, an invalidation).
+    private mutating func settle(_ slot: Int, _ event: (inout Machine) -> Void) {
+        var machine = Machine(
+            restoring: entry(at: slot).settled!, initialValue: nil, configuration: configuration)
+        event(&machine)
+        makeCompact(slot, machine.settled!)
     }
 
     /// The entry of `key`, if any (no access is recorded).
@@ -474,19 +546,26 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         }
     }
 
-    /// Evicts `excess` entries (and more while the shard is over its share of the maximum weight)
-    /// that are not busy, as W-TinyLFU chooses, into `removed`. Busy
-    /// entries (in use, or with a flight in flight) are skipped, and so is `sparing` (an entry just
-    /// made, whose caller is about to fetch). Returns how many it evicted.
-    mutating func evict(_ excess: Int, sparing: Key? = nil, into removed: inout [Removed]) -> Int {
+    /// Evicts one entry that is not busy, as W-TinyLFU chooses, into `removed`; returns whether
+    /// there was one. Busy entries (in use, or with a flight in flight) are skipped, and so is
+    /// `sparing` (an entry just made or written, whose caller expects to find it).
+    mutating func evictOne(sparing: Key? = nil, into removed: inout [Removed]) -> Bool {
         applyReads()
-        var evicted = 0
-        while evicted < excess || isOverweight, let slot = evictionChoice(sparing: sparing) {
-            removed.append(Removed(key: records[at(Int(slot))].key!, value: value(at: Int(slot)), reason: .evicted))
-            remove(slot)
-            evicted += 1
-        }
-        return evicted
+        guard let slot = evictionChoice(sparing: sparing) else { return false }
+        removed.append(Removed(key: records[at(Int(slot))].key!, value: value(at: Int(slot)), reason: .evicted))
+        remove(slot)
+        return true
+    }
+
+    /// Evicts `key`'s entry if it is not busy and, given `maximum`, if it alone weighs more than
+    /// that (the family could never hold it); returns whether it did. A busy one stays.
+    mutating func evict(_ key: Key, ifHeavierThan maximum: Int? = nil, into removed: inout [Removed]) -> Bool {
+        guard let slot = slot(of: key), !isBusy(Int(slot)) else { return false }
+        if let maximum, weights[Int(slot)] <= maximum { return false }
+        applyReads()
+        removed.append(Removed(key: key, value: value(at: Int(slot)), reason: .evicted))
+        remove(slot)
+        return true
     }
 
     /// The entry to evict: of probation's newest (the candidate the window pushed out) and least
@@ -563,7 +642,9 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// Removes every entry; returns them.
     mutating func removeAll() -> [Leaving] {
         let all = entries
-        self = FamilyShard(capacity: capacity, weightLimit: weightLimit, weigher: weigher, tracksIdle: tracksIdle)
+        ledger?.add(-totalWeight)
+        self = FamilyShard(
+            capacity: capacity, weigher: weigher, ledger: ledger, tracksIdle: tracksIdle, configuration: configuration)
         return all
     }
 
@@ -580,6 +661,11 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// (its contents are set by the caller).
     mutating func allocate(_ key: Key, hash: Int, at now: Duration) -> Int32 {
         applyReads()
+        if reads.isEmpty {
+            reads = Array(repeating: 0, count: Self.readBufferSize)
+            readHashes = Array(repeating: 0, count: Self.readBufferSize)
+        }
+        sketch.grow(toHold: index.count + 1)
         let slot: Int32
         if let free = freeSlots.popLast() {
             slot = free
@@ -621,8 +707,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         vacate(position)
         positions[i] = -1
         metadata[i] = nil
-        totalWeight -= weights[i]
-        weights[i] = 0
+        setWeight(0, of: i)
         freeSlots.append(slot)
     }
 

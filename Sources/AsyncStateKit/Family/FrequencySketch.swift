@@ -10,22 +10,62 @@
 /// the largest estimate among the keys that share it, where a plain count-min sketch adds up all
 /// their uses. On the `HitRatio` traces this gained up to 0.5 points, and lost nowhere more than the
 /// 0.1 point two runs differ by.
+///
+/// The sketch grows with the cache rather than being sized for its capacity up front (Caffeine's
+/// `ensureCapacity`): it starts with room for ``minimumCapacity`` entries and doubles as entries
+/// arrive (``grow(toHold:)``), up to the capacity, so that memory follows the entries held. Doubling
+/// loses no count: a key's block is read from the low bits of its mixed hash and its counters from
+/// the high ones, so the doubled table is the old one twice — each key finds its counters in the
+/// copy its one more bit picks, with the values they had.
 @usableFromInline
 struct FrequencySketch {
     /// Eight words per block; a power of two of blocks.
     @usableFromInline var words: [UInt64]
-    @usableFromInline let blockMask: Int
+    @usableFromInline var blockMask: Int
     /// Uses counted since the last halving, and how many trigger the next.
     @usableFromInline var counted = 0
     @usableFromInline let sampleSize: Int
+    /// The most entries the sketch is ever sized for: the cache's capacity.
+    let maximumCapacity: Int
 
-    /// A sketch for a cache of `capacity` entries.
+    /// The entries a new sketch has room for.
+    static var minimumCapacity: Int { 16 }
+
+    /// A sketch for a cache of at most `capacity` entries, sized for ``minimumCapacity`` of them
+    /// until it grows.
     init(capacity: Int) {
-        var blocks = 1
-        while blocks * 8 < max(capacity, 16) { blocks <<= 1 }
+        maximumCapacity = max(capacity, Self.minimumCapacity)
+        let blocks = Self.minimumCapacity / 8
         words = Array(repeating: 0, count: blocks * 8)
         blockMask = blocks - 1
-        sampleSize = 10 * max(capacity, 16)
+        sampleSize = Self.sampleSize(for: maximumCapacity)
+    }
+
+    /// How many uses are counted between two halvings: ten times the capacity (saturating), from the
+    /// start. Counts only matter once the cache is full, and the sketch is full-sized by then; a
+    /// smaller sample while it grows would age what it learned while the cache filled.
+    static func sampleSize(for capacity: Int) -> Int {
+        let (size, overflow) = capacity.multipliedReportingOverflow(by: 10)
+        return overflow ? .max : size
+    }
+
+    /// How many entries the sketch is sized for now (a counter of each row per entry).
+    var sizedFor: Int { words.count }
+
+    /// How many times the entries held the sketch is sized for while it grows: a sketch no larger
+    /// than the entries would count the uses seen while the cache fills with many collisions, and
+    /// its estimates would carry them once it is full-sized.
+    static var headroom: Int { 4 }
+
+    /// Grows the sketch, doubling it, until it is sized for ``headroom`` times `count` entries, or
+    /// for the capacity. Amortized O(1) per entry; the counts are kept (see the type's
+    /// documentation).
+    mutating func grow(toHold count: Int) {
+        let target = min(count.multipliedReportingOverflow(by: Self.headroom).partialValue, maximumCapacity)
+        while sizedFor < target, sizedFor <= Int.max / 4 {
+            words.append(contentsOf: words)
+            blockMask = blockMask &* 2 &+ 1
+        }
     }
 
     /// Counts one use of the key with hash `hash`: raises its smallest counters (saturating at 15).

@@ -4,8 +4,10 @@ import Foundation
 /// inherited the context of a task that does), so that the machine can refuse a call that would wait
 /// for its own result. Only an attempt that is still current counts, so a task an operation started
 /// may call the state once that attempt is over.
+@usableFromInline
 enum OperationContext {
     /// One running attempt: which store, which attempt.
+    @usableFromInline
     struct Entry: Sendable {
         var store: ObjectIdentifier
         var attempt: UInt64
@@ -242,27 +244,31 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         return try withCore { core, effects -> Ticket in
             let now = clock.now()
             let waiter = core.makeWaiter()
-            var started = false
+            var started: Machine.AttemptID?
             switch core.machine.fetch(
                 waiter: waiter, mode: mode, now: now, policy: policy, operation: operation,
                 callerAttempts: attempts)
             {
-            case .returnValue(let value):
-                record(.hit, in: &effects)
-                return .value(value, started: false)
-            case .returnValueAndStart(let value, let attempt):
-                record(.hit, in: &effects)
+            case .returnValue(let value, let stale):
+                record(stale ? .servedStale : .hit, in: &effects)
+                return .value(value, started: nil)
+            case .returnValueAndStart(let value, let attempt, let stale):
+                record(stale ? .servedStale : .hit, in: &effects)
                 begin(attempt, reason: .background, at: now, in: &core, &effects)
-                return .value(value, started: true)
+                return .value(value, started: attempt.id)
             case .fail(let error):
                 throw error
             case .join:
                 record(.joined, in: &effects)
             case .start(let attempt, let replacing):
                 onStart?()
-                if replacing { endFlightTasks(in: &core, &effects) }
+                if replacing {
+                    // The flight it replaces ends here: its outcome, before the new one's start.
+                    record(.cancelled, in: &effects)
+                    endFlightTasks(in: &core, &effects)
+                }
                 begin(attempt, reason: reason ?? (mode == .always ? .refresh : .fetch), at: now, in: &core, &effects)
-                started = true
+                started = attempt.id
             }
             // Announced under the lock, so that an outcome arriving before the caller suspends is kept.
             core.waiterSlots[waiter] = .pending
@@ -270,14 +276,23 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         }
     }
 
-    /// What a caller gets from the machine: an answer now, or a waiter id to wait on. `started`: this
-    /// call started a flight (a background one, with an answer now).
+    /// What a caller gets from the machine: an answer now, or a waiter id to wait on. `started`: the
+    /// attempt of the flight this call started, if it started one (a background one, with an answer
+    /// now).
     @usableFromInline
     enum Ticket {
         /// The answer, at once.
-        case value(Value, started: Bool)
+        case value(Value, started: Machine.AttemptID?)
         /// Wait for this waiter.
-        case wait(Machine.WaiterID, started: Bool)
+        case wait(Machine.WaiterID, started: Machine.AttemptID?)
+    }
+
+    /// What marks a task as running `attempt` of this store (see ``OperationContext``): a task that
+    /// runs an attempt's work elsewhere (a batch) carries it, so that a call back into this store from
+    /// that work is refused as reentrant instead of waiting for itself.
+    @usableFromInline
+    func mark(_ attempt: Machine.AttemptID) -> OperationContext.Entry {
+        OperationContext.Entry(store: ObjectIdentifier(self), attempt: attempt)
     }
 
     /// Whether a flight is in flight (and so may have waiters): a family never evicts such an entry.
@@ -310,7 +325,10 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     func invalidate() {
         withCore { core, effects in
             let now = clock.now()
-            if core.machine.invalidate(now: now) { publish(core.machine, at: now) }
+            // Data already expired changes no snapshot, but its freshness must go for every reader
+            // (`hasExpired(in:)` with a longer interval): published without notifying subscribers.
+            let visible = core.machine.invalidate(now: now)
+            publish(core.machine, at: now, notifying: visible)
             record(.invalidated, in: &effects)
         }
     }
@@ -329,6 +347,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         withCore { core, effects in
             let now = clock.now()
             let ended = core.machine.set(value, now: now, date: clock.date())
+            // A flight the write overtook ends without landing: its outcome is `cancelled`.
+            if case .end = ended { record(.cancelled, in: &effects) }
             publish(core.machine, at: now)
             end(ended, resumingWith: .success(value), in: &core, &effects)
         }
@@ -492,8 +512,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         core.timerTask = nil
     }
 
-    private func publish(_ machine: Machine, at now: Duration) {
-        cell.publish(machine.snapshot(at: now), freshSince: machine.freshSince)
+    private func publish(_ machine: Machine, at now: Duration, notifying: Bool = true) {
+        cell.publish(machine.snapshot(at: now), freshSince: machine.freshSince, notifying: notifying)
     }
 
     /// Starts `attempt`'s task (and its timeout's timer) and publishes.

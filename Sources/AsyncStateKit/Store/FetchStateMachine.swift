@@ -99,7 +99,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         /// The flight it belongs to.
         var flight: FlightID
         /// Its id.
-        var id: AttemptID
+        @usableFromInline var id: AttemptID
         /// What it runs.
         var operation: Operation
         /// When it times out; `nil` for never.
@@ -109,11 +109,13 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     /// What to do after ``fetch(waiter:mode:now:policy:operation:callerAttempts:)``.
     @usableFromInline
     enum FetchAction {
-        /// Give the caller this value now; it does not wait. Nothing starts.
-        case returnValue(Value)
-        /// Give the caller this value now — stale (stale-while-revalidate) or fresh but due for a refresh
-        /// ahead — and start this background attempt (a new flight with no waiters). Publish.
-        case returnValueAndStart(Value, Attempt)
+        /// Give the caller this value now; it does not wait. Nothing starts. `stale`: the data is not
+        /// fresh (stale-while-revalidate, restored data under refresh ahead): a stale serve, not a hit.
+        case returnValue(Value, stale: Bool)
+        /// Give the caller this value now — stale (stale-while-revalidate, restored data) or fresh but
+        /// due for a refresh ahead — and start this background attempt (a new flight with no waiters).
+        /// Publish.
+        case returnValueAndStart(Value, Attempt, stale: Bool)
         /// Throw this error to the caller now (a cached failure, a reentrant call, too many abandoned
         /// operations). Nothing changes.
         case fail(any Error)
@@ -179,6 +181,13 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     /// Whether `value` came from a success or a write (not the initial value): stale-while-revalidate
     /// serves it.
     @usableFromInline private(set) var hasData = false
+    /// Whether `value` was empty when it arrived (by the emptiness test then, or as an archive said):
+    /// what ``phase`` said of it, kept while a later flight loads or fails. Archives save it.
+    private(set) var valueIsEmpty = false
+    /// Until when restored data (see ``restore(_:isEmpty:lastSuccess:now:date:)``) is answered at once
+    /// under refresh ahead, stale, while one refetch runs; `nil` when the data was not restored or
+    /// newer data, an invalidation or a reset has come since.
+    @usableFromInline private(set) var restoredUntil: Duration?
     /// The flight in flight, if any.
     @inlinable var flight: Flight? { flightBox?.flight }
     /// Whether the flight in flight keeps the data's freshness: read through the box, so that no copy
@@ -223,7 +232,9 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         value = settled.value
         hasData = true
         phase = settled.phase
+        valueIsEmpty = settled.phase.kind == .empty
         freshSince = settled.freshSince
+        restoredUntil = settled.restoredUntil
         lastError = settled.lastError
         lastSuccess = settled.lastSuccess
         successCount = settled.successCount
@@ -244,13 +255,16 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         @usableFromInline var lastError: (any Error)?
         var lastSuccess: Date?
         @usableFromInline var successCount: Int
+        /// See ``FetchStateMachine/restoredUntil``.
+        var restoredUntil: Duration?
 
         init(
             value: Value, phase: AsyncPhase, freshSince: Duration?, lastError: (any Error)?, lastSuccess: Date?,
-            successCount: Int
+            successCount: Int, restoredUntil: Duration? = nil
         ) {
             (self.value, self.phase, self.freshSince) = (value, phase, freshSince)
             (self.lastError, self.lastSuccess, self.successCount) = (lastError, lastSuccess, successCount)
+            self.restoredUntil = restoredUntil
         }
 
         /// The snapshot of this settled state (it has data, so ``AsyncSnapshot/hasValue``).
@@ -268,7 +282,7 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         case .success, .empty:
             return Settled(
                 value: value, phase: phase, freshSince: freshSince, lastError: lastError, lastSuccess: lastSuccess,
-                successCount: successCount)
+                successCount: successCount, restoredUntil: restoredUntil)
         case .initial, .loading, .failure:
             return nil
         }
@@ -326,19 +340,27 @@ struct FetchStateMachine<Value: Sendable, Operation> {
                     let attempt = begin(
                         waiter: nil, operation: operation, now: now, policy: policy, keepAlive: true,
                         refreshesAhead: true)
-                else { return .returnValue(value) }
-                return .returnValueAndStart(value, attempt)
+                else { return .returnValue(value, stale: false) }
+                return .returnValueAndStart(value, attempt, stale: false)
+            }
+            if let restoredUntil, now.attoseconds < restoredUntil.attoseconds {
+                // Restored data under refresh ahead: expired for every reader, yet answered at once
+                // while one refetch runs, as fresh data due for its refresh would be.
+                guard flight == nil, cachedFailure(at: now) == nil, !isReentrant(callerAttempts),
+                    let attempt = begin(waiter: nil, operation: operation, now: now, policy: policy, keepAlive: true)
+                else { return .returnValue(value, stale: true) }
+                return .returnValueAndStart(value, attempt, stale: true)
             }
             if let error = cachedFailure(at: now) {
-                return mode == .staleWhileRevalidate && hasData ? .returnValue(value) : .fail(error)
+                return mode == .staleWhileRevalidate && hasData ? .returnValue(value, stale: true) : .fail(error)
             }
         }
         if isReentrant(callerAttempts) { return .fail(AsyncStateError.reentrantCall) }
         if mode == .staleWhileRevalidate, hasData {
-            guard flight == nil else { return .returnValue(value) }
+            guard flight == nil else { return .returnValue(value, stale: true) }
             guard let attempt = begin(waiter: nil, operation: operation, now: now, policy: policy, keepAlive: true)
-            else { return .returnValue(value) }
-            return .returnValueAndStart(value, attempt)
+            else { return .returnValue(value, stale: true) }
+            return .returnValueAndStart(value, attempt, stale: true)
         }
         // Expired data is not answered by an append in flight (it would extend the expired data): a
         // fetch replaces it, as `refresh` would.
@@ -408,13 +430,15 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         return .end(waiters: current.waiters)
     }
 
-    /// `invalidate()`: the data is expired now, and so will be the result of the flight in flight; a
-    /// cached failure is forgotten. Returns whether anything a reader can see changed (publish then):
-    /// only data fresh at `now` becoming expired is visible.
+    /// `invalidate()`: the data is expired now, for every interval, and so will be the result of the
+    /// flight in flight; a cached failure is forgotten, and restored data is no longer answered at
+    /// once. Returns whether a snapshot changed (publish it then): only data fresh at `now` becoming
+    /// expired changes one. Either way the freshness readers test must be the machine's again.
     mutating func invalidate(now: Duration) -> Bool {
         let visible = isFresh(at: now)
         freshSince = nil
         failedAt = nil
+        restoredUntil = nil
         mutateFlight { $0.expiresOnArrival = true }
         return visible
     }
@@ -425,32 +449,38 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         let ended = endFlight()
         value = newValue
         hasData = true
-        phase = isEmpty(newValue) ? .empty : .success(date)
+        valueIsEmpty = isEmpty(newValue)
+        phase = valueIsEmpty ? .empty : .success(date)
         freshSince = now
         failedAt = nil
+        restoredUntil = nil
         return ended
     }
 
-    /// A warm restart: `newValue`, saved by an earlier process, as data that is not fresh — expired,
-    /// or with refresh ahead, due for its refresh (a hit answers at once and starts it). Only into a
-    /// state with no data and no flight (anything newer wins); returns whether it was restored.
-    /// Publish if so.
+    /// A warm restart: `newValue`, saved by an earlier process, as expired data: every reader sees it
+    /// expired, and nothing but newer data makes it fresh. Under stale-while-revalidate it is served
+    /// as any stale data is; under refresh ahead it is answered at once while one refetch runs, for
+    /// as long as fresh data would be before its refresh (`expiry − refreshAfter`, see
+    /// ``restoredUntil``); otherwise it is refetched before it is served. Only into a state with no
+    /// data and no flight (anything newer wins); returns whether it was restored. Publish if so.
     mutating func restore(_ newValue: Value, isEmpty: Bool, lastSuccess: Date?, now: Duration, date: Date) -> Bool {
         guard !hasData, flight == nil, abandoned.isEmpty else { return false }
         value = newValue
         hasData = true
+        valueIsEmpty = isEmpty
         phase = isEmpty ? .empty : .success(lastSuccess ?? date)
         self.lastSuccess = lastSuccess
-        freshSince = configuration.refreshAfter.map { now.saturatingAdd(.zero - $0) }
+        freshSince = nil
+        restoredUntil = configuration.refreshAfter.map { now.saturatingAdd(configuration.expiry - $0) }
         failedAt = nil
         failureCount = 0
         return true
     }
 
-    /// What a warm restart saves: the data, whether it is empty and when it last succeeded; `nil`
-    /// without data.
+    /// What a warm restart saves: the data, whether it is empty — as the phase said when it
+    /// arrived, not as the emptiness test says now — and when it last succeeded; `nil` without data.
     var archived: (value: Value, isEmpty: Bool, lastSuccess: Date?)? {
-        hasData ? (value, configuration.isEmpty(value), lastSuccess) : nil
+        hasData ? (value, valueIsEmpty, lastSuccess) : nil
     }
 
     /// `reset()`: back to the initial value and phase, forgetting the metadata. The flight in flight
@@ -466,6 +496,8 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         let ended = endFlight()
         value = initialValue
         hasData = false
+        valueIsEmpty = false
+        restoredUntil = nil
         phase = .initial
         freshSince = nil
         failedAt = nil
@@ -491,7 +523,9 @@ struct FetchStateMachine<Value: Sendable, Operation> {
             setFlight(nil)
             value = newValue
             hasData = true
-            phase = isEmpty(newValue) ? .empty : .success(date)
+            valueIsEmpty = isEmpty(newValue)
+            phase = valueIsEmpty ? .empty : .success(date)
+            restoredUntil = nil
             if current.expiresOnArrival {
                 freshSince = nil
             } else if !current.keepsFreshness {

@@ -45,6 +45,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     @inlinable var phase: AsyncPhase { contents.withLock { $0.snapshot.phase } }
 
     /// The current snapshot, expired or not at `now`.
+    @inlinable
     func snapshot(at now: Duration) -> AsyncSnapshot<Value> {
         contents.withLock { $0.snapshot(at: now, expiry: expiry) }
     }
@@ -74,18 +75,20 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         contents.withLock { !isWithinExpiry(since: $0.freshSince, at: now, expiry: interval) }
     }
 
-    /// Publishes a transition: stores it and sends it to every subscriber.
+    /// Publishes a transition: stores it and, if `notifying`, sends it to every subscriber (a change
+    /// that leaves the snapshot as it was, such as invalidating data already expired, updates what
+    /// readers test without a second copy of the same snapshot).
     ///
-    /// Only the store publishes, one transition at a time (it is an actor), so every subscriber gets
+    /// Only the store publishes, one transition at a time (under its lock), so every subscriber gets
     /// the transitions in order. The lock that readers take is held only to store the snapshot and
     /// copy the subscriber list (a reference count); the snapshots are sent after it is released. A
     /// subscriber that arrives in between starts with the new snapshot and is not in the copy, so it
     /// gets it exactly once.
-    func publish(_ snapshot: AsyncSnapshot<Value>, freshSince: Duration?) {
-        let subscribers = contents.withLock { contents in
+    func publish(_ snapshot: AsyncSnapshot<Value>, freshSince: Duration?, notifying: Bool = true) {
+        let subscribers = contents.withLock { contents -> [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation] in
             contents.snapshot = snapshot
             contents.freshSince = freshSince
-            return contents.subscribers
+            return notifying ? contents.subscribers : [:]
         }
         // `yield` never blocks and runs none of our code: a waiting consumer is resumed by enqueueing it.
         for continuation in subscribers.values { continuation.yield(snapshot) }
@@ -120,6 +123,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
 
 extension SnapshotCell.Contents {
     /// The latest snapshot, its `isExpired` as of `now`.
+    @inlinable
     func snapshot(at now: Duration, expiry: Duration) -> AsyncSnapshot<Value> {
         var current = snapshot
         current.isExpired = !isWithinExpiry(since: freshSince, at: now, expiry: expiry)
