@@ -2,6 +2,7 @@
 // benchmark process reuses pages freed by earlier benchmarks, which hides growth). Run:
 //   swift run --package-path Benchmarks -c release MemoryPerState [count]           # AsyncState<Int>
 //   swift run --package-path Benchmarks -c release MemoryPerState family [count]    # family entries
+//   swift run --package-path Benchmarks -c release MemoryPerState empty [capacity]   # empty families
 import AsyncStateKit
 import Foundation
 
@@ -37,8 +38,23 @@ nonisolated func measureFamily(count: Int) -> Int {
     return perEntry
 }
 
+/// Resident bytes per empty `AsyncStateFamily<Int, Int>` of `capacity` (1,000 of them, so that pages
+/// resolve a few bytes). One capacity per process: pages freed by one would be reused by the next.
+nonisolated func measureEmptyFamilies(capacity: Int) -> Int {
+    var families: [AsyncStateFamily<Int, Int>] = []
+    families.reserveCapacity(1_000)
+    let before = residentBytes()
+    for _ in 0..<1_000 { families.append(AsyncStateFamily<Int, Int>(capacity: capacity)) }
+    let perFamily = (residentBytes() - before) / 1_000
+    withExtendedLifetime(families) {}
+    return perFamily
+}
+
 let arguments = CommandLine.arguments.dropFirst()
-if arguments.first == "family" {
+if arguments.first == "empty" {
+    let capacity = arguments.dropFirst().first.flatMap(Int.init) ?? 1_000
+    print("\(measureEmptyFamilies(capacity: capacity)) resident bytes per empty family of capacity \(capacity)")
+} else if arguments.first == "family" {
     let count = arguments.dropFirst().first.flatMap(Int.init) ?? 1_000_000
     print("\(measureFamily(count: count)) resident bytes per idle AsyncStateFamily<Int, Int> entry (\(count) entries)")
 } else {

@@ -115,14 +115,38 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// What a compact entry keeps besides its value and freshness (read off the hit path): the rest
-    /// of its ``Settled`` state.
+    /// of its ``Settled`` state. Its optionals are kept as values with a sentinel for "none": as
+    /// optionals, each would take a byte more, and with alignment eight (112 bytes in all, not 136).
     @usableFromInline
     struct Metadata {
         @usableFromInline var phase: AsyncPhase
         @usableFromInline var lastError: (any Error)?
-        @usableFromInline var lastSuccess: Date?
+        /// ``lastSuccess`` as seconds since the reference date (what a `Date` holds), NaN for none.
+        @usableFromInline var lastSuccessSeconds: Double
         @usableFromInline var successCount: Int
-        var restoredUntil: Duration?
+        /// ``restoredUntil``, ``Record/notFresh`` for none.
+        var restoredUntilInstant: Duration
+
+        init(
+            phase: AsyncPhase, lastError: (any Error)?, lastSuccess: Date?, successCount: Int, restoredUntil: Duration?
+        ) {
+            self.phase = phase
+            self.lastError = lastError
+            lastSuccessSeconds = lastSuccess?.timeIntervalSinceReferenceDate ?? .nan
+            self.successCount = successCount
+            restoredUntilInstant = restoredUntil ?? Record.notFresh
+        }
+
+        /// The wall date of the entry's last success, if any.
+        @inlinable
+        var lastSuccess: Date? {
+            lastSuccessSeconds.isNaN ? nil : Date(timeIntervalSinceReferenceDate: lastSuccessSeconds)
+        }
+
+        /// See ``FetchStateMachine/restoredUntil``.
+        var restoredUntil: Duration? {
+            restoredUntilInstant.attoseconds == Record.notFresh.attoseconds ? nil : restoredUntilInstant
+        }
     }
 
     /// An entry in the idle heap: its slot, and a lower bound of its last access (see the type's
@@ -161,7 +185,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     @usableFromInline var freeSlots: [Int32] = []
     /// Slots 0, 1 and 2 are the sentinels of the window, probation and protected lists: each list is
     /// circular through its sentinel, whose `older` is the list's most recently used entry and whose
-    /// `newer` its least recently used one (the sentinel itself when the list is empty).
+    /// `newer` its least recently used one (the sentinel itself when the list is empty). Made with the
+    /// first entry (``prepareForEntries()``).
     @usableFromInline static var sentinels: Int32 { 3 }
     /// The lengths of the window and protected lists.
     @usableFromInline var windowCount = 0
@@ -173,7 +198,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     @usableFromInline var sketch: FrequencySketch
     /// The hits noted since the policy last applied them (the first `pendingReads` slots, and their
     /// keys' hashes), and every hit since then, noted or not. Allocated with the first entry (a hit
-    /// needs an entry), so that an empty shard holds no buffer.
+    /// needs an entry; see ``prepareForEntries()``).
     @usableFromInline var reads: [Int32] = []
     @usableFromInline var readHashes: [Int] = []
     @usableFromInline var pendingReads = 0
@@ -202,15 +227,6 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         self.weigher = ledger == nil ? nil : weigher
         self.ledger = ledger
         self.tracksIdle = tracksIdle
-        for segment in 0..<Self.sentinels {
-            positions.append(-1)
-            if tracksIdle { lastAccess.append(.zero) }
-            var sentinel = Link(hash: 0)
-            (sentinel.newer, sentinel.older, sentinel.segment) = (segment, segment, UInt8(segment))
-            links.append(sentinel)
-            metadata.append(nil)
-            weights.append(0)
-        }
         self.capacity = max(1, capacity)
         windowLimit = max(1, self.capacity / 100)
         // In Int128: 8 × a capacity near `Int.max` would overflow.
@@ -573,6 +589,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// recently (the candidate on a tie: the incumbent stays). With nothing in probation that may
     /// go, the least recently used of protected, then of the window. `nil` when every entry is busy.
     private func evictionChoice(sparing: Key?) -> Int32? {
+        guard index.count > 0 else { return nil }  // and so, maybe, no lists yet
         func mayGo(_ slot: Int32) -> Bool { records[at(Int(slot))].key! != sparing && !isBusy(Int(slot)) }
         func first(in segment: UInt8, fromOldest: Bool, where include: (Int32) -> Bool) -> Int32? {
             let sentinel = Int32(segment)
@@ -661,10 +678,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// (its contents are set by the caller).
     mutating func allocate(_ key: Key, hash: Int, at now: Duration) -> Int32 {
         applyReads()
-        if reads.isEmpty {
-            reads = Array(repeating: 0, count: Self.readBufferSize)
-            readHashes = Array(repeating: 0, count: Self.readBufferSize)
-        }
+        if links.isEmpty { prepareForEntries() }
         sketch.grow(toHold: index.count + 1)
         let slot: Int32
         if let free = freeSlots.popLast() {
@@ -709,6 +723,23 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         metadata[i] = nil
         setWeight(0, of: i)
         freeSlots.append(slot)
+    }
+
+    /// Makes what only a shard with entries needs: the lists' sentinels (slots 0, 1, 2) and the read
+    /// buffer. Called with the first entry, so that an empty shard holds no more than its one free
+    /// record and its index: memory follows the entries, whatever the capacity.
+    private mutating func prepareForEntries() {
+        for segment in 0..<Self.sentinels {
+            positions.append(-1)
+            if tracksIdle { lastAccess.append(.zero) }
+            var sentinel = Link(hash: 0)
+            (sentinel.newer, sentinel.older, sentinel.segment) = (segment, segment, UInt8(segment))
+            links.append(sentinel)
+            metadata.append(nil)
+            weights.append(0)
+        }
+        reads = Array(repeating: 0, count: Self.readBufferSize)
+        readHashes = Array(repeating: 0, count: Self.readBufferSize)
     }
 
     /// A use of the entry at `slot` at `now` other than a hit (a pin, a `set`): the hits noted before

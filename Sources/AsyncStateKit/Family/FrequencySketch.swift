@@ -35,9 +35,8 @@ struct FrequencySketch {
     /// until it grows.
     init(capacity: Int) {
         maximumCapacity = max(capacity, Self.minimumCapacity)
-        let blocks = Self.minimumCapacity / 8
-        words = Array(repeating: 0, count: blocks * 8)
-        blockMask = blocks - 1
+        words = Array(repeating: 0, count: Self.minimumCapacity)
+        blockMask = Self.minimumCapacity / 8 - 1
         sampleSize = Self.sampleSize(for: maximumCapacity)
     }
 

@@ -17,7 +17,7 @@ struct SlotIndex {
     private(set) var count = 0
 
     /// The number of buckets of a new index.
-    @usableFromInline static var initialCount: Int { 8 }
+    @usableFromInline static var initialCount: Int { 1 }
 
     /// An empty index of `bucketCount` buckets, a power of two.
     init(bucketCount: Int = initialCount) {
