@@ -496,16 +496,22 @@ public struct AsyncState<Value: Sendable>: Sendable {
     // MARK: Warm restarts
 
     /// The state's data saved for a warm restart (value, phase, date of its success); `nil` while it
-    /// has no value. A value kept through a later failure or during a fetch is saved too.
+    /// has no value. A value kept through a later failure or during a fetch is saved too, with the
+    /// phase it had when it arrived (``AsyncStateArchive/phase`` says what ``phase`` said then: empty
+    /// or success, whatever the emptiness test would say of it now).
     public var archive: AsyncStateArchive<Value>? {
         store.archived.map {
             AsyncStateArchive(value: $0.value, phase: $0.isEmpty ? .empty : .success, lastSuccess: $0.lastSuccess)
         }
     }
 
-    /// Loads data saved by ``archive`` (typically by the previous process), as stale data: served at
-    /// once under stale-while-revalidate, or under refresh ahead as due for its refresh (a hit
-    /// answers at once and starts one refetch); refetched before it is served otherwise.
+    /// Loads data saved by ``archive`` (typically by the previous process), as stale data: every
+    /// reader sees it expired (``snapshot``'s `isExpired`, ``hasExpired(in:)``), and only new data (a
+    /// fetch that succeeds, ``set(_:)``) makes it fresh. It is served at once under
+    /// stale-while-revalidate; under refresh ahead it is answered at once while one refetch runs, as
+    /// fresh data due for its refresh would be, for `expiry − refreshAfter` after the restore or
+    /// until ``invalidate()`` (a refetch that fails leaves it stale, and the next call tries again);
+    /// it is refetched before it is served otherwise.
     ///
     /// Only a state with no value and no fetch in flight takes it — data the state fetched or was
     /// given since is newer — so restoring is safe at any moment.

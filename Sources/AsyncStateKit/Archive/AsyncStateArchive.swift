@@ -4,9 +4,10 @@ public import Foundation
 /// data instead of stampeding its sources.
 ///
 /// ``AsyncState/archive`` makes one (`nil` while the state has no value); ``AsyncState/restore(_:)``
-/// loads one into a new state, where it counts as stale: served at once under stale-while-revalidate
-/// or refresh ahead (while one refetch runs), refetched before it is served otherwise. An archive is
-/// `Codable` when its value is; ``AsyncStateArchiveFile`` keeps archives on disk.
+/// loads one into a new state, where it counts as stale, expired for every reader: served at once
+/// under stale-while-revalidate or refresh ahead (while one refetch runs), refetched before it is
+/// served otherwise. An archive is `Codable` when its value is; ``AsyncStateArchiveFile`` keeps
+/// archives on disk.
 public struct AsyncStateArchive<Value: Sendable>: Sendable {
     /// The version of this format that this library writes and reads.
     public static var currentFormatVersion: Int { 1 }

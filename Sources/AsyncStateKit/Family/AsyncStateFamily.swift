@@ -122,7 +122,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// ``AsyncState`` of a collection.
     ///
     /// The parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-DISAMBIG``;
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-3gjif``;
     /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
     public init(
         expiry: Duration = .seconds(120),
@@ -151,7 +151,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// of an optional.
     ///
     /// The parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-DISAMBIG``;
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-3gjif``;
     /// `isEmpty` overrides `== nil` as the emptiness test.
     public init<Wrapped: Sendable>(
         expiry: Duration = .seconds(120),
@@ -180,7 +180,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// ``set(_:for:)`` (beyond the capacity, the first ones are evicted).
     ///
     /// The other parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-DISAMBIG``.
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-3gjif``.
     public init(
         wrappedValue: [Key: Value],
         expiry: Duration = .seconds(120),
@@ -207,7 +207,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     }
 
     /// Creates a family of collections holding `wrappedValue`'s values, as
-    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-DISAMBIGW``
+    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)``
     /// does; an empty collection is ``AsyncPhase/empty``.
     public init(
         wrappedValue: [Key: Value],
@@ -235,7 +235,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     }
 
     /// Creates a family of optionals holding `wrappedValue`'s values, as
-    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-DISAMBIGW``
+    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)``
     /// does; `nil` is ``AsyncPhase/empty``.
     public init<Wrapped: Sendable>(
         wrappedValue: [Key: Value],
@@ -318,8 +318,9 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// The number of entries (keys with a value, a fetch in flight, a failure or a subscriber).
     public var count: Int { core.count }
 
-    /// What the entries weigh together, as the `weigher` last weighed them; 0 without a
-    /// `maximumWeight`.
+    /// What the entries weigh together, as the `weigher` last weighed them (at most `Int.max`: the
+    /// sum itself never overflows); 0 without a `maximumWeight`. No more than the maximum weight,
+    /// except while entries in use, which are never evicted, weigh more.
     public var weight: Int { core.weight }
 
     /// `key`'s current snapshot first, then one per transition, in order, like
