@@ -2,7 +2,8 @@ import AsyncStateKit
 import Logging
 
 /// Logs what states do through swift-log: one line per transition, with the state's name (and a
-/// family entry's key) as metadata. Hits and joins are per request, so they log at `trace`; fetches
+/// family entry's key) as metadata. Hits, stale serves and joins are per request, so they log at
+/// `trace`; fetches
 /// at `debug`/`info`, failures at `warning`/`error`.
 ///
 /// ```swift
@@ -21,6 +22,8 @@ public struct LoggingObserver: AsyncStateObserver {
         switch event.kind {
         case .hit:
             logger.trace("hit", metadata: metadata)
+        case .servedStale:
+            logger.trace("served stale data", metadata: metadata)
         case .joined:
             logger.trace("joined the fetch in flight", metadata: metadata)
         case .started(let reason):

@@ -5,6 +5,9 @@ import Synchronization
 /// Counts what states do through swift-metrics, labelled by the state's name:
 ///
 /// - `async_state_hits_total`: callers answered with fresh data at once;
+/// - `async_state_stale_serves_total`: callers answered at once with data that was not fresh
+///   (stale-while-revalidate, restored data): counted apart from hits, since they rise exactly when
+///   the source struggles;
 /// - `async_state_misses_total`: callers that had to wait (joined a fetch, or started one);
 /// - `async_state_runs_total{reason}`: operation runs (fetch, refresh, retry, background, periodic)
 ///   — the figure that shows single flight: runs stay flat while requests climb;
@@ -29,6 +32,7 @@ public final class MetricsObserver: AsyncStateObserver {
         let state = event.name
         switch event.kind {
         case .hit: count("async_state_hits_total", state)
+        case .servedStale: count("async_state_stale_serves_total", state)
         case .joined: count("async_state_misses_total", state)
         case .started(let reason):
             // The caller that starts a fetch missed too; background and periodic runs had no caller.

@@ -102,6 +102,22 @@ import Testing
         #expect(fixture.metric(#"async_state_fetch_duration_seconds_count{state="rates",outcome="failure"}"#) == 1)
     }
 
+    @Test func aStaleServeIsCountedApartFromHits() async throws {
+        let fixture = Fixture()
+        let clock = fixture.clock
+        try await fixture.routes().test(.router) { client async throws in
+            #expect(try await client.get("/rates").status == .ok)  // a miss: fetched
+            #expect(try await client.get("/rates").status == .ok)  // a hit
+            await clock.advance(by: .seconds(6))  // past the rates' 5 s expiry
+            #expect(try await client.get("/rates").status == .ok)  // stale, at once, refreshed behind it
+            await clock.advance(by: .zero)
+        }
+        #expect(fixture.metric(#"async_state_hits_total{state="rates"}"#) == 1)
+        #expect(fixture.metric(#"async_state_stale_serves_total{state="rates"}"#) == 1)
+        #expect(fixture.metric(#"async_state_misses_total{state="rates"}"#) == 1)
+        #expect(fixture.metric(#"async_state_runs_total{state="rates",reason="background"}"#) == 1)
+    }
+
     @Test func theMetricsEndpointServesTheRegistry() async throws {
         let fixture = Fixture()
         try await fixture.routes().test(.router) { client async throws in
