@@ -471,6 +471,23 @@ let benchmarks: @Sendable () -> Void = {
             }
         }
 
+        // Reads that are not uses, beside the `value(for:)` hit above in the same run: the latest
+        // value (`family[key]`) and the snapshot (`snapshot(for:)`), specialized in this module.
+        if keys == 1_000 {
+            Benchmark("Family:read-subscript-1000-keys", configuration: nanosecondScale) { benchmark in
+                let family = await filledFamily(keys)
+                await ScatteredWalk.named("family-subscript", keys: keys).measure(benchmark) { key in
+                    blackHole(family[key])
+                }
+            }
+            Benchmark("Family:read-snapshot(for:)-1000-keys", configuration: nanosecondScale) { benchmark in
+                let family = await filledFamily(keys)
+                await ScatteredWalk.named("family-snapshot-read", keys: keys).measure(benchmark) { key in
+                    blackHole(family.snapshot(for: key))
+                }
+            }
+        }
+
         Benchmark("Family:hand-written-actor-cache-\(scale)-keys(baseline)", configuration: nanosecondScale) {
             benchmark in
             let names = await Filled.shared.value("names-\(keys)") { (0..<keys).map(String.init) }
