@@ -486,6 +486,21 @@ let benchmarks: @Sendable () -> Void = {
                     blackHole(family.snapshot(for: key))
                 }
             }
+            // Every entry at once: a dictionary of 1,000 values or snapshots per iteration (its
+            // allocations, a fixed few, are the threshold).
+            Benchmark("Family:read-every-value-1000-keys", configuration: .init(maxIterations: 1_000)) { benchmark in
+                let family = await filledFamily(keys)
+                benchmark.startMeasurement()
+                for _ in benchmark.scaledIterations { blackHole(family.wrappedValue) }
+                benchmark.stopMeasurement()
+            }
+            Benchmark("Family:read-every-snapshot-1000-keys", configuration: .init(maxIterations: 1_000)) {
+                benchmark in
+                let family = await filledFamily(keys)
+                benchmark.startMeasurement()
+                for _ in benchmark.scaledIterations { blackHole(family.snapshots) }
+                benchmark.stopMeasurement()
+            }
         }
 
         Benchmark("Family:hand-written-actor-cache-\(scale)-keys(baseline)", configuration: nanosecondScale) {

@@ -283,11 +283,12 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     // MARK: Reading
 
     /// The values the family holds now, by key (a copy; keys without a value are left out).
+    /// Specialized in the caller's module, as the other reads are.
+    @inlinable
     public var wrappedValue: [Key: Value] {
         var values: [Key: Value] = [:]
-        for node in core.entries {
-            if let value = node.value { values[node.key] = value }
-        }
+        values.reserveCapacity(core.count)
+        core.forEachValue { values[$0] = $1 }
         return values
     }
 
@@ -311,8 +312,12 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     }
 
     /// The snapshots of every entry.
+    @inlinable
     public var snapshots: [Key: AsyncSnapshot<Value?>] {
-        Dictionary(core.snapshots(at: core.clock.now()), uniquingKeysWith: { first, _ in first })
+        var snapshots: [Key: AsyncSnapshot<Value?>] = [:]
+        snapshots.reserveCapacity(core.count)
+        core.forEachSnapshot(at: core.clock.now()) { snapshots[$0] = $1 }
+        return snapshots
     }
 
     /// The number of entries (keys with a value, a fetch in flight, a failure or a subscriber).

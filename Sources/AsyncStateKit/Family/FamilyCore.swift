@@ -122,9 +122,18 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         return withHitShard(hash) { $0.snapshot(of: key, hash: hash, at: now, expiry: expiry) }
     }
 
-    /// Every entry's snapshot at `now`, shard by shard.
-    func snapshots(at now: Duration) -> [(Key, AsyncSnapshot<Value?>)] {
-        shards.flatMap { $0.withLock { $0.snapshots(at: now, expiry: expiry) } }
+    /// Calls `body` with every entry's key and snapshot at `now`, shard by shard, under each shard's
+    /// lock (so `body` must not use the family). Inlinable, as the single reads are.
+    @inlinable
+    func forEachSnapshot(at now: Duration, _ body: (Key, AsyncSnapshot<Value?>) -> Void) {
+        for shard in shards { shard.withLock { $0.forEachSnapshot(at: now, expiry: expiry, body) } }
+    }
+
+    /// Calls `body` with every entry's key and latest value, for the entries that have one, as
+    /// ``forEachSnapshot(at:_:)`` does.
+    @inlinable
+    func forEachValue(_ body: (Key, Value) -> Void) {
+        for shard in shards { shard.withLock { $0.forEachValue(body) } }
     }
 
     // MARK: Hits
@@ -357,7 +366,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     }
 
     /// The number of entries.
-    var count: Int { population.load(ordering: .relaxed) }
+    @usableFromInline var count: Int { population.load(ordering: .relaxed) }
 
     /// The bytes the shards' buffers hold (see ``FamilyShard/bufferBytes``), for tests.
     var bufferBytes: Int { shards.reduce(0) { $0 + $1.withLock { $0.bufferBytes } } }

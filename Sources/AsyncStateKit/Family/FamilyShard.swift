@@ -363,10 +363,21 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
             at: position, isExpired: !isWithinExpiry(since: records[position].freshness, at: now, expiry: expiry))
     }
 
-    /// Every entry's key and snapshot at `now` (see ``snapshot(at:now:expiry:)``).
-    func snapshots(at now: Duration, expiry: Duration) -> [(Key, AsyncSnapshot<Value?>)] {
-        records.indices.compactMap { position in
-            records[position].key.map { ($0, snapshot(at: position, now: now, expiry: expiry)) }
+    /// Calls `body` with every entry's key and snapshot at `now` (see ``snapshot(at:now:expiry:)``).
+    @inlinable
+    func forEachSnapshot(at now: Duration, expiry: Duration, _ body: (Key, AsyncSnapshot<Value?>) -> Void) {
+        for position in records.indices {
+            if let key = records[position].key { body(key, snapshot(at: position, now: now, expiry: expiry)) }
+        }
+    }
+
+    /// Calls `body` with every entry's key and latest value, for the entries that have one.
+    @inlinable
+    func forEachValue(_ body: (Key, Value) -> Void) {
+        for position in records.indices {
+            guard let key = records[position].key else { continue }
+            let value = records[position].store.map { $0.cell.value } ?? records[position].value
+            if let value { body(key, value) }
         }
     }
 
