@@ -34,6 +34,19 @@ let extremeDurations: [Duration] = [
         }
     }
 
+    /// Restored data under refresh ahead keeps a window of `expiry − refreshAfter` from the restore:
+    /// summed on the real clock's instants, it saturates.
+    @Test(arguments: extremeDurations)
+    func restoredDataUnderRefreshAhead(_ duration: Duration) async throws {
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: duration, refreshAfter: duration / 2)
+        #expect(try await state.restore(AsyncStateArchive(value: 5, phase: .success, lastSuccess: nil)))
+        #expect(state.snapshot.isExpired)
+        let answer = try await state.value { 6 }
+        #expect(answer == 5 || answer == 6)  // at once within a window; refetched when there is none
+        while state.snapshot.successCount == 0 { try await ContinuousClock().sleep(for: .milliseconds(1)) }
+        #expect(state.wrappedValue == 6)
+    }
+
     @Test(arguments: extremeDurations)
     func runEvery(_ interval: Duration) async throws {
         let state = AsyncState<Int>(wrappedValue: 0)
