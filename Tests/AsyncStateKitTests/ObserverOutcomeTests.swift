@@ -126,20 +126,16 @@ final class FlightLedger: AsyncStateObserver {
         func pick(_ count: UInt64) -> Int { Int(random.next() % count) }
         let clock = VirtualClock()
         let ledger = FlightLedger()
-        let retry: RetryPolicy =
-            pick(2) == 0 ? .never : .exponential(maxAttempts: 3, initial: .milliseconds(500), seed: 1)
-        let timeout: Duration? = pick(3) == 0 ? .milliseconds(1_500) : nil
-        let staleWhileRevalidate = pick(3) == 0
-        let refreshAfter: Duration? = pick(3) == 0 ? .seconds(1) : nil
-        let failureExpiry: Duration = pick(3) == 0 ? .seconds(1) : .zero
+        let policies = RandomPolicies(&random)
         let state = AsyncState<Int>(
-            wrappedValue: 0, expiry: .seconds(2), clock: clock, retry: retry, timeout: timeout,
-            failureExpiry: failureExpiry, staleWhileRevalidate: staleWhileRevalidate, refreshAfter: refreshAfter,
-            name: "s", observer: ledger)
+            wrappedValue: 0, expiry: .seconds(2), clock: clock, retry: policies.retry, timeout: policies.timeout,
+            failureExpiry: policies.failureExpiry, staleWhileRevalidate: policies.staleWhileRevalidate,
+            refreshAfter: policies.refreshAfter, name: "s", observer: ledger)
         let family = AsyncStateFamily<Int, Int>(
             expiry: .seconds(2), capacity: 2, idleExpiry: pick(2) == 0 ? .seconds(3) : nil, clock: clock,
-            retry: retry, timeout: timeout, failureExpiry: failureExpiry, staleWhileRevalidate: staleWhileRevalidate,
-            refreshAfter: refreshAfter, name: "f", observer: ledger)
+            retry: policies.retry, timeout: policies.timeout, failureExpiry: policies.failureExpiry,
+            staleWhileRevalidate: policies.staleWhileRevalidate, refreshAfter: policies.refreshAfter, name: "f",
+            observer: ledger)
         var tasks: [Task<Void, any Error>] = []
         var log: [String] = []
 
@@ -218,17 +214,8 @@ final class FlightLedger: AsyncStateObserver {
 
     @Test(arguments: [false, true])
     func everyStartHasExactlyOneOutcomeOverRandomSequences(family: Bool) async {
-        let base = ProcessInfo.processInfo.environment["ASYNCSTATE_SEED"].flatMap(UInt64.init) ?? 20_261_125
-        let count = ProcessInfo.processInfo.environment["ASYNCSTATE_SEQUENCES"].flatMap(Int.init) ?? 300
-        var failures: [String] = []
-        for index in 0..<UInt64(count) {
-            if let failure = await Self.runSequence(seed: base &+ index, family: family, steps: 30) {
-                failures.append(failure)
-                if failures.count == 3 { break }
-            }
+        await expectEverySeedHolds(from: 20_261_125, count: 300) { seed in
+            await Self.runSequence(seed: seed, family: family, steps: 30)
         }
-        #expect(
-            failures.isEmpty,
-            "replay with ASYNCSTATE_SEED=<seed> ASYNCSTATE_SEQUENCES=1:\n\(failures.joined(separator: "\n"))")
     }
 }

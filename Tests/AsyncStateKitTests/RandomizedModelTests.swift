@@ -279,17 +279,8 @@ struct ReferenceModel {
     }
 
     @Test func randomSequencesAgreeWithTheReferenceModel() async {
-        let base = ProcessInfo.processInfo.environment["ASYNCSTATE_SEED"].flatMap(UInt64.init) ?? 20_261_122
-        let count = ProcessInfo.processInfo.environment["ASYNCSTATE_SEQUENCES"].flatMap(Int.init) ?? 2_000
-        var failures: [String] = []
-        for index in 0..<UInt64(count) {
-            if let failure = await Self.runSequence(seed: base &+ index, steps: 24) {
-                failures.append(failure)
-                if failures.count == 3 { break }
-            }
+        await expectEverySeedHolds(from: 20_261_122, count: 2_000) { seed in
+            await Self.runSequence(seed: seed, steps: 24)
         }
-        #expect(
-            failures.isEmpty,
-            "replay with ASYNCSTATE_SEED=<seed> ASYNCSTATE_SEQUENCES=1:\n\(failures.joined(separator: "\n"))")
     }
 }

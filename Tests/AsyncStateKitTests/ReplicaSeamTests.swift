@@ -4,8 +4,8 @@ import Foundation
 import Testing
 
 /// Replicas miss nothing: a replica that starts listening late catches up, deliveries are counted as
-/// they happened, keys that describe alike are all invalidated, and payloads from newer releases are
-/// read.
+/// they happened, and payloads from newer releases are read (keys that describe alike: in
+/// ``InvalidationTests``).
 @Suite struct ReplicaSeamTests {
     @Test func aReplicaThatStartsListeningLateRefetchesWhatItMissed() async throws {
         let clock = VirtualClock()
@@ -48,25 +48,6 @@ import Testing
         receiver.disconnect()
         try await sender.publish(AsyncStateInvalidation(topic: "config"))
         #expect(receiver.counts == (delivered: 2, lost: 1, dropped: 1))
-    }
-
-    @Test func everyKeyThatDescribesAsTheMessagesKeyIsInvalidated() async throws {
-        /// A key whose description leaves out a field: two keys describe alike.
-        struct Account: Hashable, Sendable, CustomStringConvertible {
-            var region: String
-            var id: Int
-            var description: String { "account-\(id)" }
-        }
-        let clock = VirtualClock()
-        let invalidator = AsyncStateInvalidator(bus: InMemoryInvalidationNetwork().bus())
-        let accounts = AsyncStateFamily<Account, Int>(clock: clock)
-        invalidator.subscribe(accounts, to: "accounts")
-        let (eu, us, other) = (Account(region: "eu", id: 1), Account(region: "us", id: 1), Account(region: "eu", id: 2))
-        for account in [eu, us, other] { _ = try await accounts.value(for: account) { $0.id } }
-        invalidator.apply(.invalidate(AsyncStateInvalidation(topic: "accounts", key: "account-1")))
-        #expect(accounts.snapshot(for: eu)?.isExpired == true)
-        #expect(accounts.snapshot(for: us)?.isExpired == true)
-        #expect(accounts.snapshot(for: other)?.isExpired == false)
     }
 
     @Test func aPayloadWithFieldsThisReleaseDoesNotKnowIsReadWithoutThem() throws {

@@ -1,6 +1,7 @@
 import AsyncStateKit
 import AsyncStateTesting
 import Foundation
+import Testing
 
 /// Counts operation runs and lets tests script what each run does, in virtual time.
 final class Source<Value: Sendable>: Sendable {
@@ -78,4 +79,51 @@ extension AsyncPhase {
 /// The virtual clock's reference date plus `seconds`.
 func virtualDate(_ seconds: Double) -> Date {
     Date(timeIntervalSinceReferenceDate: seconds)
+}
+
+/// Runs a seeded randomized test: `run` on `count` seeds from `seed` (`ASYNCSTATE_SEED` and
+/// `ASYNCSTATE_SEQUENCES` override both, to replay one), stopping at the third failure. `run` returns
+/// what went wrong with its seed, or `nil`. Records one issue listing the failures, with how to
+/// replay them.
+func expectEverySeedHolds(
+    from seed: UInt64, count: Int, sourceLocation: SourceLocation = #_sourceLocation,
+    _ run: (UInt64) async -> String?
+) async {
+    let environment = ProcessInfo.processInfo.environment
+    let base = environment["ASYNCSTATE_SEED"].flatMap(UInt64.init) ?? seed
+    let count = environment["ASYNCSTATE_SEQUENCES"].flatMap(Int.init) ?? count
+    var failures: [String] = []
+    for index in 0..<UInt64(count) {
+        if let failure = await run(base &+ index) {
+            failures.append(failure)
+            if failures.count == 3 { break }
+        }
+    }
+    #expect(
+        failures.isEmpty,
+        "replay with ASYNCSTATE_SEED=<seed> ASYNCSTATE_SEQUENCES=1:\n\(failures.joined(separator: "\n"))",
+        sourceLocation: sourceLocation)
+}
+
+/// The policies of a randomized script, each on or off as its generator picks: what a service might
+/// declare a state or a family with.
+struct RandomPolicies: CustomStringConvertible {
+    var retry: RetryPolicy
+    var timeout: Duration?
+    var staleWhileRevalidate: Bool
+    var refreshAfter: Duration?
+    var failureExpiry: Duration
+
+    init(_ random: inout SplitMix64) {
+        retry = random.next() % 2 == 0 ? .never : .exponential(maxAttempts: 3, initial: .milliseconds(500), seed: 1)
+        timeout = random.next() % 3 == 0 ? .milliseconds(1_500) : nil
+        staleWhileRevalidate = random.next() % 3 == 0
+        refreshAfter = random.next() % 3 == 0 ? .seconds(1) : nil
+        failureExpiry = random.next() % 3 == 0 ? .seconds(1) : .zero
+    }
+
+    var description: String {
+        "retry \(retry.maxAttempts) timeout \(String(describing: timeout)) swr \(staleWhileRevalidate)"
+            + " refreshAfter \(String(describing: refreshAfter)) failureExpiry \(failureExpiry)"
+    }
 }

@@ -4,23 +4,9 @@ import Testing
 
 @testable import AsyncStateKit
 
-/// Warm restarts keep what they saved: the dates to the millisecond, the phase as it was, and a
-/// failed save says which file and why.
-@Suite struct WarmRestartTests {
-    struct Saved: Codable, Equatable {
-        var config: AsyncStateArchive<String>?
-        var profiles: [Int: AsyncStateArchive<String>]
-    }
-
-    let directory: URL
-    let file: AsyncStateArchiveFile
-
-    init() throws {
-        directory = FileManager.default.temporaryDirectory.appendingPathComponent("restart-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        file = AsyncStateArchiveFile(url: directory.appendingPathComponent("states.json"))
-    }
-
+/// Warm restarts keep what they saved: the dates to the millisecond, and a failed save says which
+/// file and why (the file's fixture is ``ArchiveFileTests``'s).
+extension ArchiveFileTests {
     @Test func aSaveAndALoadKeepEveryDateToTheMillisecond() throws {
         defer { try? FileManager.default.removeItem(at: directory) }
         let dates = [
@@ -93,6 +79,10 @@ import Testing
                 == ["blocker", "occupied", "states.json"])
     }
 
+}
+
+/// Warm restarts keep the phase they saved.
+@Suite struct WarmRestartTests {
     @Test func theArchiveSaysWhatThePhaseSaysHoweverTheEntryIsStored() async throws {
         let clock = VirtualClock()
         // An archive saved as empty, restored under an emptiness test that changed since.
