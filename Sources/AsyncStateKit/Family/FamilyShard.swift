@@ -589,7 +589,6 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     mutating func evict(_ key: Key, ifHeavierThan maximum: Int? = nil, into removed: inout [Removed]) -> Bool {
         guard let slot = slot(of: key), !isBusy(Int(slot)) else { return false }
         if let maximum, weights[Int(slot)] <= maximum { return false }
-        applyReads()
         removed.append(Removed(key: key, value: value(at: Int(slot)), reason: .evicted))
         remove(slot)
         return true

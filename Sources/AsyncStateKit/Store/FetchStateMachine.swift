@@ -266,13 +266,6 @@ struct FetchStateMachine<Value: Sendable, Operation> {
             (self.lastError, self.lastSuccess, self.successCount) = (lastError, lastSuccess, successCount)
             self.restoredUntil = restoredUntil
         }
-
-        /// The snapshot of this settled state (it has data, so ``AsyncSnapshot/hasValue``).
-        func snapshot(isExpired: Bool) -> AsyncSnapshot<Value> {
-            AsyncSnapshot(
-                value: value, phase: phase, isExpired: isExpired, lastError: lastError, lastSuccess: lastSuccess,
-                successCount: successCount, hasValue: true)
-        }
     }
 
     /// This machine's state if it is settled (see ``Settled``), else `nil`.
