@@ -262,11 +262,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
                 record(.joined, in: &effects)
             case .start(let attempt, let replacing):
                 onStart?()
-                if replacing {
-                    // The flight it replaces ends here: its outcome, before the new one's start.
-                    record(.cancelled, in: &effects)
-                    endFlightTasks(in: &core, &effects)
-                }
+                // The flight it replaces ends here: its outcome comes before the new one's start.
+                if replacing { endFlight(reporting: .cancelled, in: &core, &effects) }
                 begin(attempt, reason: reason ?? (mode == .always ? .refresh : .fetch), at: now, in: &core, &effects)
                 started = attempt.id
             }
@@ -337,7 +334,6 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         withCore { core, effects in
             let ended = core.machine.cancel()
             if case .none = ended { return }
-            record(.cancelled, in: &effects)
             publish(core.machine, at: clock.now())
             end(ended, resumingWith: .failure(CancellationError()), in: &core, &effects)
         }
@@ -347,8 +343,6 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         withCore { core, effects in
             let now = clock.now()
             let ended = core.machine.set(value, now: now, date: clock.date())
-            // A flight the write overtook ends without landing: its outcome is `cancelled`.
-            if case .end = ended { record(.cancelled, in: &effects) }
             publish(core.machine, at: now)
             end(ended, resumingWith: .success(value), in: &core, &effects)
         }
@@ -374,7 +368,6 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         withCore { core, effects in
             let (ended, changed) = core.machine.reset()
             guard changed else { return }
-            if case .end = ended { record(.cancelled, in: &effects) }
             publish(core.machine, at: clock.now())
             end(ended, resumingWith: .failure(CancellationError()), in: &core, &effects)
         }
@@ -401,8 +394,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// The last waiter of a flight left (by cancellation): the flight ends.
     @usableFromInline
     func flightLostItsWaiters(in core: inout Core, _ effects: inout Effects) {
-        record(.cancelled, in: &effects)
-        endFlightTasks(in: &core, &effects)
+        endFlight(reporting: .cancelled, in: &core, &effects)
         publish(core.machine, at: clock.now())
     }
 
@@ -462,31 +454,29 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         case .start(let attempt):
             start(attempt, at: now, in: &core, &effects)
         case .settle(let ids, let result):
-            if events != nil {
-                let duration = now - core.flightStartedAt
-                switch result {
-                case .success:
-                    record(.succeeded(duration: duration, attempts: core.attempts), in: &effects)
-                case .failure(is CancellationError):
-                    record(.cancelled, in: &effects)
-                case .failure(let error):
-                    record(.failed(error: error, duration: duration, attempts: core.attempts), in: &effects)
-                }
-            }
-            endFlightTasks(in: &core, &effects)
+            let (duration, attempts) = (now - core.flightStartedAt, core.attempts)
+            endFlight(
+                reporting: {
+                    switch result {
+                    case .success: return .succeeded(duration: duration, attempts: attempts)
+                    case .failure(is CancellationError): return .cancelled
+                    case .failure(let error): return .failed(error: error, duration: duration, attempts: attempts)
+                    }
+                }(), in: &core, &effects)
             publish(core.machine, at: now)
             resume(ids, with: result, in: &core, &effects)
         }
     }
 
-    /// Ends the tasks of a flight an event ended and resumes its waiters with `result`, after
-    /// publishing (so that a resumed waiter sees the new snapshot).
+    /// Ends a flight that an event (`set`, `cancel`, `reset`) ended — its outcome is `cancelled`: its
+    /// result will never land — and resumes its waiters with `result`, after publishing (so that a
+    /// resumed waiter sees the new snapshot).
     private func end(
         _ ended: Machine.EndedFlight, resumingWith result: Result<Value, any Error>, in core: inout Core,
         _ effects: inout Effects
     ) {
         guard case .end(let ids) = ended else { return }
-        endFlightTasks(in: &core, &effects)
+        endFlight(reporting: .cancelled, in: &core, &effects)
         resume(ids, with: result, in: &core, &effects)
     }
 
@@ -503,9 +493,14 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         effects.resumed = (WaiterSlot.take(ids, settlingWith: outcome, in: &core.waiterSlots), outcome)
     }
 
-    /// Cancels (after the lock) the flight's attempt — its operation — and its timer.
+    /// Reports the outcome of the flight that ends (for the observer), and cancels (after the lock)
+    /// its attempt — its operation — and its timer. Every end of a flight goes through here, whatever
+    /// ended it, so every `started` is followed by exactly one outcome.
     @usableFromInline
-    func endFlightTasks(in core: inout Core, _ effects: inout Effects) {
+    func endFlight(
+        reporting outcome: @autoclosure () -> AsyncStateEvent.Kind, in core: inout Core, _ effects: inout Effects
+    ) {
+        record(outcome(), in: &effects)
         effects.cancel(core.attemptTask)
         effects.cancel(core.timerTask)
         core.attemptTask = nil
