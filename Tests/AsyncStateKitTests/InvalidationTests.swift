@@ -23,7 +23,9 @@ struct Replica {
 
     init(network: InMemoryInvalidationNetwork, clock: VirtualClock) async {
         bus = network.bus()
-        invalidator = AsyncStateInvalidator(bus: bus)
+        // No rate limit on whole-topic invalidations here: these tests send them back to back
+        // (`RateLimitTests` covers the limit).
+        invalidator = AsyncStateInvalidator(bus: bus, invalidateAllInterval: .zero)
         config = AsyncState(wrappedValue: 0, expiry: .seconds(3600), clock: clock)
         profiles = AsyncStateFamily(expiry: .seconds(3600), clock: clock)
         invalidator.subscribe(config, to: "config")

@@ -655,12 +655,12 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
 
     /// Marks the data of every key that `isIncluded` accepts expired.
     public func invalidate(where isIncluded: (Key) throws -> Bool) rethrows {
-        for node in core.entries where try isIncluded(node.key) { core.invalidate(node.key) }
+        try core.invalidate(where: isIncluded)
     }
 
     /// Marks every key's data expired.
     public func invalidateAll() {
-        for node in core.entries { core.invalidate(node.key) }
+        core.invalidate { _ in true }
     }
 
     /// Removes every entry, as ``remove(_:)`` does each.

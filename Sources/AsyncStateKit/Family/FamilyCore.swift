@@ -325,10 +325,35 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         case .live(let store):
             store.invalidate()
         case .compact:
-            observer.map {
-                $0.observer.observe(AsyncStateEvent(name: $0.name, key: String(describing: key), kind: .invalidated))
+            reportInvalidated(key)
+        }
+    }
+
+    /// Marks expired the data of every key that `isIncluded` accepts: shard by shard, at most 1,024
+    /// entries per hold of a shard's lock (so hits on it wait for no more), with no copy of the
+    /// entries. Live entries' stores are invalidated after the lock is released.
+    func invalidate(where isIncluded: (Key) throws -> Bool) rethrows {
+        let now = clock.now()
+        for shard in shards {
+            var next: Int? = 0
+            while let start = next {
+                var (compact, live): ([Key], [Store]) = ([], [])
+                next = try shard.withLock { shard in
+                    try shard.invalidate(
+                        fromSlot: start, budget: 1_024, at: now, where: isIncluded, compact: &compact, live: &live)
+                }
+                for store in live { store.invalidate() }
+                for key in compact { reportInvalidated(key) }
             }
         }
+    }
+
+    /// Reports to the observer that a compact entry's data was invalidated (a live entry's store
+    /// reports its own).
+    private func reportInvalidated(_ key: Key) {
+        guard let observer else { return }
+        observer.observer.observe(
+            AsyncStateEvent(name: observer.name, key: String(describing: key), kind: .invalidated))
     }
 
     /// Removes `key`'s entry: its fetch in flight is cancelled and its `updates` streams finish.

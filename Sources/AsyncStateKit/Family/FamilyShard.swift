@@ -544,6 +544,30 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         return entry(at: Int(slot))
     }
 
+    /// Marks expired, as ``invalidateIfCompact(_:at:)`` does each, the entries that `isIncluded`
+    /// accepts among at most `budget` slots from `start` (so that the caller can release the lock
+    /// between calls): the compact ones here, their keys added to `compact`; the live ones' stores
+    /// added to `live`, for the caller to invalidate. By slot, which does not move while an entry
+    /// lives (its record may), so no entry is missed across calls. Returns the next slot, or `nil`
+    /// when done.
+    mutating func invalidate(
+        fromSlot start: Int, budget: Int, at now: Duration, where isIncluded: (Key) throws -> Bool,
+        compact: inout [Key], live: inout [Store]
+    ) rethrows -> Int? {
+        let end = min(links.count, start + budget)
+        for slot in start..<end where positions[slot] >= 0 {
+            let position = at(slot)
+            guard let key = records[position].key, try isIncluded(key) else { continue }
+            if let store = records[position].store {
+                live.append(store)
+            } else {
+                settle(slot) { _ = $0.invalidate(now: now) }
+                compact.append(key)
+            }
+        }
+        return end < links.count ? end : nil
+    }
+
     /// Applies `event` to the compact entry at `slot` through the machine a store would restore from
     /// it, and keeps what it settles to: so a compact entry follows the machine's rules, never a copy
     /// of them. The event must leave the machine settled (a write, an invalidation).

@@ -11,15 +11,55 @@ public struct AsyncStateInvalidation: Sendable, Hashable, Codable, CustomStringC
     /// One key of a family subscribed to `topic` (its `String(describing:)`); `nil` for everything
     /// under the topic.
     public var key: String?
+    /// Who sent it, proved: what an ``AsyncStateInvalidationAuthenticator`` computed over
+    /// ``signedContent`` when the message was sent; `nil` for an unsigned message. An invalidator
+    /// with an authenticator drops a message without a valid one.
+    public var signature: String?
 
     /// A message about `topic`, or one `key` of it.
-    public init(topic: String, key: String? = nil) {
+    public init(topic: String, key: String? = nil, signature: String? = nil) {
         self.topic = topic
         self.key = key
+        self.signature = signature
     }
 
     /// `topic` or `topic/key`.
     public var description: String { key.map { "\(topic)/\($0)" } ?? topic }
+
+    /// What a signature covers: the topic and the key, each with its length in UTF-8 bytes, so that
+    /// no two messages share it (`"t/a", "b"` and `"t", "a/b"` differ) and no encoding detail of
+    /// the payload (its field order, its escapes) changes it.
+    public var signedContent: String {
+        "\(topic.utf8.count):\(topic)" + (key.map { "\($0.utf8.count):\($0)" } ?? "-")
+    }
+}
+
+/// Proves who sent an ``AsyncStateInvalidation``: anyone who can reach a bus (for PostgreSQL, anyone
+/// who can connect to the database: `NOTIFY` needs no permission) could otherwise invalidate every
+/// replica's data, again and again. Give one to ``AsyncStateInvalidator``: it signs what it publishes
+/// and drops, and counts, every delivery whose signature is missing or wrong.
+///
+/// The library has no cryptography of its own (it depends on nothing); an HMAC over
+/// ``AsyncStateInvalidation/signedContent`` under a secret the replicas share is the usual choice,
+/// as the example service's `HMACAuthenticator` does with swift-crypto:
+///
+/// ```swift
+/// struct HMACAuthenticator: AsyncStateInvalidationAuthenticator {
+///     let key: SymmetricKey
+///     func signature(for content: String) -> String {
+///         Data(HMAC<SHA256>.authenticationCode(for: Data(content.utf8), using: key)).base64EncodedString()
+///     }
+///     func isValid(_ signature: String, for content: String) -> Bool {
+///         guard let code = Data(base64Encoded: signature) else { return false }
+///         return HMAC<SHA256>.isValidAuthenticationCode(code, authenticating: Data(content.utf8), using: key)
+///     }
+/// }
+/// ```
+public protocol AsyncStateInvalidationAuthenticator: Sendable {
+    /// The signature of `content` (a message's ``AsyncStateInvalidation/signedContent``).
+    func signature(for content: String) -> String
+    /// Whether `signature` is a valid signature of `content`. Compare in constant time.
+    func isValid(_ signature: String, for content: String) -> Bool
 }
 
 extension AsyncStateInvalidation {
@@ -27,7 +67,8 @@ extension AsyncStateInvalidation {
     /// PostgreSQL's 8,000-byte `NOTIFY` limit, and short enough for any pub/sub channel.
     public static var maximumPayloadBytes: Int { 7_900 }
 
-    /// This message as a bus payload: compact JSON (`{"topic":"…","key":"…"}`).
+    /// This message as a bus payload: compact JSON (`{"key":"…","signature":"…","topic":"…"}`, the
+    /// key and the signature only if it has them).
     ///
     /// - Throws: ``PayloadError/tooLong(bytes:)`` when the topic and key are too long to send.
     public func payload() throws(PayloadError) -> String {
@@ -41,7 +82,8 @@ extension AsyncStateInvalidation {
     }
 
     /// Reads a payload that another replica wrote with ``payload()``: a JSON object with a non-empty
-    /// string `topic` and, optionally, a string `key`. Fields it does not know are ignored, so that a
+    /// string `topic` and, optionally, a string `key` and a string `signature` (which it reads, not
+    /// checks: ``AsyncStateInvalidator`` does). Fields it does not know are ignored, so that a
     /// replica of a newer release, which may send more, is still understood during a rolling
     /// upgrade. Anything else is refused: a bus that receives a payload it cannot read should log it
     /// and go on (it is someone else's message, or a damaged one), never crash.
@@ -53,7 +95,9 @@ extension AsyncStateInvalidation {
         let bytes = payload.utf8.count
         guard bytes <= Self.maximumPayloadBytes else { throw .tooLong(bytes: bytes) }
         guard let message = try? JSONDecoder().decode(Self.self, from: Data(payload.utf8)) else {
-            throw .malformed("not an invalidation: \(payload.prefix(80))")
+            // Escaped (quotes, control characters as `\n`, `\u{…}`): the excerpt goes into logs, where
+            // a raw line break would let a payload forge log lines.
+            throw .malformed("not an invalidation: \(String(reflecting: String(payload.prefix(80))))")
         }
         guard !message.topic.isEmpty else { throw .malformed("an invalidation without a topic") }
         self = message

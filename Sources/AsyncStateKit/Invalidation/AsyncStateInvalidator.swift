@@ -17,15 +17,56 @@
 /// Subscriptions do not keep their states alive: a state that is gone is dropped from its topic.
 /// What a reader may see: a replica serves the old value until the message reaches it (for a lost
 /// message, until the bus reconnects), and never past the state's own expiry.
+///
+/// ## What a delivery may cost
+///
+/// Whoever can reach the bus can send messages. Two defences bound what they cost:
+/// - With an ``AsyncStateInvalidationAuthenticator``, a message whose signature is missing or wrong
+///   is dropped and counted (``deliveriesRejected``): only replicas that share the secret can
+///   invalidate. (`reconnected` comes from the bus itself, not from a message.)
+/// - An invalidation of every entry of a topic — a message without a key, or `reconnected` — is
+///   applied at most once per `invalidateAllInterval` for each topic: those that arrive within it
+///   are coalesced into one, applied when the interval ends (``invalidationsCoalesced``). A flood so
+///   costs one pass over each subscribed family per interval; what it delays is stale by at most the
+///   interval. This replica's own ``invalidate(_:key:)`` is never delayed.
 public final class AsyncStateInvalidator: Sendable {
     /// The bus.
     public let bus: any AsyncStateInvalidationBus
+    private let authenticator: (any AsyncStateInvalidationAuthenticator)?
+    private let invalidateAllInterval: Duration
+    private let clock: StoreClock
     private let subscriptions = LockedValue<[String: [Subscription]]>([:])
-    private let applied = LockedValue(0)
+    private let state = LockedValue(State())
+
+    /// What the invalidator counts, and the invalidations of whole topics it holds back.
+    private struct State {
+        var applied = 0
+        var rejected = 0
+        var coalesced = 0
+        /// Keyed messages for a family without a parser, each of which compared every entry.
+        var scans = 0
+        /// When each topic was last invalidated whole, on the invalidator's clock.
+        var lastWhole: [String: Duration] = [:]
+        /// Topics whose whole invalidation waits for its interval to end.
+        var held: Set<String> = []
+        /// Wakes ``run()``'s task that applies held invalidations, while it waits for one.
+        var wake: AsyncStream<Void>.Continuation?
+    }
 
     /// How many deliveries this invalidator has applied (from the bus or ``apply(_:)``), for metrics
-    /// and tests.
-    public var deliveriesApplied: Int { applied.withLock { $0 } }
+    /// and tests; a whole-topic invalidation held back to be coalesced counts when it arrives.
+    public var deliveriesApplied: Int { state.withLock { $0.applied } }
+
+    /// How many messages were dropped because their signature was missing or wrong (only with an
+    /// authenticator).
+    public var deliveriesRejected: Int { state.withLock { $0.rejected } }
+
+    /// How many whole-topic invalidations were folded into a later one by the rate limit.
+    public var invalidationsCoalesced: Int { state.withLock { $0.coalesced } }
+
+    /// How many keyed messages for a family without a parser compared every entry's description
+    /// (see ``subscribe(_:to:)-3k9ow``), for tests.
+    var keyScans: Int { state.withLock { $0.scans } }
 
     /// One subscribed state or family, held weakly.
     private struct Subscription: Sendable {
@@ -36,8 +77,25 @@ public final class AsyncStateInvalidator: Sendable {
     }
 
     /// An invalidator over `bus`.
-    public init(bus: any AsyncStateInvalidationBus) {
+    ///
+    /// - Parameters:
+    ///   - bus: What carries the messages between replicas.
+    ///   - authenticator: Signs what this replica publishes and checks what it receives: a message
+    ///     whose signature is missing or wrong is dropped and counted (``deliveriesRejected``). `nil`
+    ///     (the default): every message is applied.
+    ///   - invalidateAllInterval: The shortest time between two invalidations of every entry of one
+    ///     topic caused by deliveries (messages without a key, `reconnected`); those in between are
+    ///     coalesced into one, applied at the interval's end. Zero or less: no limit. Defaults to one
+    ///     second.
+    ///   - clock: The clock the interval is measured on. Defaults to `ContinuousClock()`.
+    public init(
+        bus: any AsyncStateInvalidationBus, authenticator: (any AsyncStateInvalidationAuthenticator)? = nil,
+        invalidateAllInterval: Duration = .seconds(1), clock: some Clock<Duration> = ContinuousClock()
+    ) {
         self.bus = bus
+        self.authenticator = authenticator
+        self.invalidateAllInterval = invalidateAllInterval > .zero ? invalidateAllInterval.clampedToLimits : .zero
+        self.clock = StoreClock(clock)
     }
 
     /// Subscribes `state` to `topic`: a message about the topic (with or without a key) invalidates it.
@@ -55,8 +113,16 @@ public final class AsyncStateInvalidator: Sendable {
     /// Subscribes `family` to `topic`: a message with a key invalidates every entry whose key
     /// describes as it (`String(describing:)`, which every entry is compared with — two keys that
     /// describe alike are both invalidated, never one left stale); one without, every entry.
+    ///
+    /// Each keyed message so costs a pass over every entry: anyone who can send messages can make
+    /// a flood of them expensive. Prefer ``subscribe(_:to:parse:)``, which reads the key back in one
+    /// step (`UUID(uuidString:)` for a `UUID` key), or a key type that is
+    /// `LosslessStringConvertible`.
     public func subscribe<Key, Value>(_ family: AsyncStateFamily<Key, Value>, to topic: String) {
-        subscribe(family, to: topic) { key, core in core.entries.lazy.map(\.key).filter { "\($0)" == key } }
+        subscribe(family, to: topic) { [state] key, core in
+            state.withLock { $0.scans += 1 }
+            return core.entries.lazy.map(\.key).filter { "\($0)" == key }
+        }
     }
 
     /// Subscribes `family` to `topic`, reading a message's key with `Key(_:)` (one lookup, whatever
@@ -64,12 +130,25 @@ public final class AsyncStateInvalidator: Sendable {
     public func subscribe<Key: LosslessStringConvertible, Value>(
         _ family: AsyncStateFamily<Key, Value>, to topic: String
     ) {
-        subscribe(family, to: topic) { key, _ in Key(key).map { [$0] } ?? [] }
+        subscribe(family, to: topic, parse: Key.init)
+    }
+
+    /// Subscribes `family` to `topic`, reading a message's key with `parse` (one lookup, whatever the
+    /// family's size): give it the inverse of the key's description, such as `UUID(uuidString:)`. A
+    /// key that does not parse (`nil`) invalidates nothing.
+    ///
+    /// ```swift
+    /// invalidator.subscribe($sessions, to: "sessions", parse: UUID.init(uuidString:))
+    /// ```
+    public func subscribe<Key, Value>(
+        _ family: AsyncStateFamily<Key, Value>, to topic: String, parse: @escaping @Sendable (String) -> Key?
+    ) {
+        subscribe(family, to: topic) { key, _ in parse(key).map { [$0] } ?? [] }
     }
 
     private func subscribe<Key, Value>(
         _ family: AsyncStateFamily<Key, Value>, to topic: String,
-        parse: @escaping @Sendable (String, FamilyCore<Key, Value>) -> [Key]
+        keys: @escaping @Sendable (String, FamilyCore<Key, Value>) -> [Key]
     ) {
         let core = WeakBox(family.core)
         add(
@@ -77,51 +156,133 @@ public final class AsyncStateInvalidator: Sendable {
             invalidate: { key in
                 guard let core = core.value else { return false }
                 if let key {
-                    for parsed in parse(key, core) { core.invalidate(parsed) }
+                    for match in keys(key, core) { core.invalidate(match) }
                 } else {
-                    for node in core.entries { core.invalidate(node.key) }
+                    core.invalidate { _ in true }
                 }
                 return true
             })
     }
 
     /// Invalidates `topic` (or one `key` of it) here at once, then publishes it to the other
-    /// replicas.
+    /// replicas, signed if the invalidator has an authenticator.
     ///
     /// - Throws: The bus's error when it could not publish; this replica is invalidated anyway.
     public func invalidate(_ topic: String, key: String? = nil) async throws {
-        apply(.invalidate(AsyncStateInvalidation(topic: topic, key: key)))
-        try await bus.publish(AsyncStateInvalidation(topic: topic, key: key))
+        invalidate(key, in: subscribers(of: topic))
+        var message = AsyncStateInvalidation(topic: topic, key: key)
+        message.signature = authenticator?.signature(for: message.signedContent)
+        try await bus.publish(message)
     }
 
     /// Applies what the bus delivers until the calling task is cancelled or the bus's stream ends:
     /// run it from a service's `run()`. The stream starts with
     /// ``AsyncStateInvalidationDelivery/reconnected`` (see ``AsyncStateInvalidationBus``), so every
     /// subscribed state is invalidated once the bus listens: what this replica fetched before then
-    /// may have changed on another replica, unseen.
+    /// may have changed on another replica, unseen. While it runs, it also applies the whole-topic
+    /// invalidations the rate limit held back, each when its interval ends.
     public func run() async {
-        for await delivery in bus.deliveries() {
-            apply(delivery)
-            if Task.isCancelled { return }
+        let (wakes, wake) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        state.withLock { $0.wake = wake }
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask(executorPreference: clock.executor) { [self] in
+                for await _ in wakes {
+                    while let due = nextRelease() {
+                        do { try await clock.sleep(due) } catch { return }
+                        releaseHeld()
+                    }
+                }
+            }
+            for await delivery in bus.deliveries() {
+                apply(delivery)
+                if Task.isCancelled { break }
+            }
+            group.cancelAll()
         }
+        state.withLock { $0.wake = nil }
+        wake.finish()
     }
 
-    /// Applies one delivery (for buses and tests that drive the invalidator themselves).
+    /// Applies one delivery (for buses and tests that drive the invalidator themselves): a message
+    /// that fails authentication is dropped, and an invalidation of whole topics may be held back by
+    /// the rate limit (``run()`` applies it when its interval ends; without `run()`, the next
+    /// delivery does).
     public func apply(_ delivery: AsyncStateInvalidationDelivery) {
-        let targets: [(String?, [Subscription])]
+        releaseHeld()
         switch delivery {
         case .invalidate(let message):
-            targets = [(message.key, subscriptions.withLock { $0[message.topic] ?? [] })]
+            if let authenticator {
+                guard let signature = message.signature, authenticator.isValid(signature, for: message.signedContent)
+                else {
+                    state.withLock { $0.rejected += 1 }
+                    return
+                }
+            }
+            if let key = message.key {
+                invalidate(key, in: subscribers(of: message.topic))
+            } else {
+                invalidateWhole([message.topic])
+            }
         case .reconnected:
-            targets = subscriptions.withLock { $0.values.map { (nil, $0) } }
+            invalidateWhole(subscriptions.withLock { Array($0.keys) })
         }
-        // Outside the lock: invalidating runs the states' observers.
+        state.withLock { $0.applied += 1 }
+    }
+
+    /// Invalidates every entry of `topics` now, or holds back those invalidated whole within the
+    /// interval, to be applied once when it ends.
+    private func invalidateWhole(_ topics: [String]) {
+        let now = clock.now()
+        let interval = invalidateAllInterval
+        let (due, wake) = state.withLock { state -> ([String], AsyncStream<Void>.Continuation?) in
+            var due: [String] = []
+            for topic in topics {
+                if interval > .zero, let last = state.lastWhole[topic], now - last < interval {
+                    if !state.held.insert(topic).inserted { state.coalesced += 1 }
+                } else {
+                    state.lastWhole[topic] = now
+                    due.append(topic)
+                }
+            }
+            return (due, state.held.isEmpty ? nil : state.wake)
+        }
+        for topic in due { invalidate(nil, in: subscribers(of: topic)) }
+        wake?.yield()
+    }
+
+    /// When the first held topic's interval ends; `nil` when none is held.
+    private func nextRelease() -> Duration? {
+        state.withLock { state in state.held.compactMap { state.lastWhole[$0] }.min() }
+            .map { $0.saturatingAdd(invalidateAllInterval) }
+    }
+
+    /// Applies the held whole-topic invalidations whose interval has ended.
+    private func releaseHeld() {
+        let now = clock.now()
+        let interval = invalidateAllInterval
+        let due = state.withLock { state -> [String] in
+            guard !state.held.isEmpty else { return [] }
+            let due = Array(state.held.filter { state.lastWhole[$0].map { now - $0 >= interval } ?? true })
+            for topic in due {
+                state.held.remove(topic)
+                state.lastWhole[topic] = now
+            }
+            return due
+        }
+        for topic in due { invalidate(nil, in: subscribers(of: topic)) }
+    }
+
+    /// The live subscribers of `topic`.
+    private func subscribers(of topic: String) -> [Subscription] {
+        subscriptions.withLock { $0[topic] ?? [] }
+    }
+
+    /// Invalidates `key` (every entry without one) of `subscribers`, outside every lock (invalidating
+    /// runs the states' observers); drops the subscriptions whose subscriber is gone.
+    private func invalidate(_ key: String?, in subscribers: [Subscription]) {
         var gone = false
-        for (key, subscribers) in targets {
-            for subscriber in subscribers where !subscriber.invalidate(key) { gone = true }
-        }
+        for subscriber in subscribers where !subscriber.invalidate(key) { gone = true }
         if gone { prune() }
-        applied.withLock { $0 += 1 }
     }
 
     /// The number of live subscriptions to `topic` (for tests).
