@@ -22,7 +22,11 @@ import Synchronization
 ///   that fails or takes longer than a heartbeat as a lost connection, so a half-open TCP connection
 ///   is noticed too.
 /// - **A lost connection** (a server restart, a network cut) is retried with exponential backoff and
-///   jitter until ``run()`` is cancelled. Connecting and putting `LISTEN` in place must take less
+///   jitter until ``run()`` is cancelled. The backoff starts over only once a connection has stayed
+///   up for two heartbeats: a connection that dies just after `LISTEN` (a proxy's idle timeout,
+///   `pg_terminate_backend`, pings timing out on an overloaded server) keeps backing off, where
+///   retrying every 50–100 ms would make every replica invalidate everything, again and again,
+///   against a struggling database. Connecting and putting `LISTEN` in place must take less
 ///   than twice the heartbeat (at least 2 s), so that a server that accepts a connection and never
 ///   answers does not stall the bus either. Once `LISTEN` is in place again the bus delivers
 ///   `.reconnected`: notifications sent meanwhile are lost (PostgreSQL keeps none for absent
@@ -30,10 +34,16 @@ import Synchronization
 ///   first `LISTEN`, and opens every stream made by ``deliveries()`` while the bus listens, because a
 ///   state may have read before the bus (or that subscriber) was listening.
 /// - **A malformed payload** — one another program sent on the channel, or one over the size limit —
-///   is counted in ``malformedPayloads``, logged at `warning` and ignored.
+///   is counted in ``malformedPayloads`` and ignored; it is logged at `warning` the first time and
+///   then at each power of two (at `debug` otherwise), with an escaped excerpt, so a flood of them
+///   neither floods the log nor forges lines in it.
+/// - **Each subscriber's deliveries wait in a bounded buffer** (`deliveryBuffer`): when a flood
+///   outpaces the subscriber, what is buffered is replaced by one `.reconnected` (invalidating
+///   everything is always safe), counted in ``overflows``. Memory stays bounded whatever arrives.
 /// - **Metrics** (swift-metrics, labelled with the channel): `async_state_bus_received_total`,
-///   `async_state_bus_malformed_total`, `async_state_bus_reconnections_total`, and the gauge
-///   `async_state_bus_listening` (1 while `LISTEN` is in place).
+///   `async_state_bus_malformed_total`, `async_state_bus_reconnections_total`,
+///   `async_state_bus_overflows_total`, and the gauge `async_state_bus_listening` (1 while `LISTEN`
+///   is in place).
 ///
 /// A replica hears its own notifications too (PostgreSQL sends a notification to every listening
 /// session); applying one again is harmless, invalidation being idempotent, and costs at most one
@@ -45,6 +55,7 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
     private let listening: PostgresConnection.Configuration
     private let backoff: Backoff
     private let heartbeat: Duration
+    private let deliveryBuffer: Int
     /// How long connecting and putting `LISTEN` in place may take: twice the heartbeat, at least 2 s.
     private var setupTimeout: Duration { max(heartbeat * 2, .seconds(2)) }
     private let logger: Logger
@@ -55,6 +66,7 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
         let received: Counter
         let malformed: Counter
         let reconnections: Counter
+        let overflows: Counter
         let listening: Gauge
 
         init(channel: String) {
@@ -62,18 +74,20 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
             received = Counter(label: "async_state_bus_received_total", dimensions: dimensions)
             malformed = Counter(label: "async_state_bus_malformed_total", dimensions: dimensions)
             reconnections = Counter(label: "async_state_bus_reconnections_total", dimensions: dimensions)
+            overflows = Counter(label: "async_state_bus_overflows_total", dimensions: dimensions)
             listening = Gauge(label: "async_state_bus_listening", dimensions: dimensions)
         }
     }
 
     private struct State {
-        var subscribers: [Int: AsyncStream<AsyncStateInvalidationDelivery>.Continuation] = [:]
+        var subscribers: [Int: DeliveryQueue] = [:]
         var nextSubscriber = 0
         var isListening = false
         var hasEnded = false
         var malformed = 0
         var reconnections = 0
         var received = 0
+        var overflows = 0
     }
 
     /// How long the bus waits before connecting again after attempt `n` failed:
@@ -119,11 +133,13 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
     ///     starting with a digit, so that it needs no quoting anywhere.
     ///   - backoff: The waits between connection attempts.
     ///   - heartbeat: How often the listening connection is pinged.
+    ///   - deliveryBuffer: How many deliveries each subscriber's buffer holds before it overflows
+    ///     into one `.reconnected` (at least 1).
     /// - Throws: ``ChannelNameError`` for any other channel name.
     public init(
         client: PostgresClient, listening: PostgresConnection.Configuration,
         channel: String = "async_state_invalidations", backoff: Backoff = Backoff(),
-        heartbeat: Duration = .seconds(5), logger: Logger
+        heartbeat: Duration = .seconds(5), deliveryBuffer: Int = 1_024, logger: Logger
     ) throws(ChannelNameError) {
         guard Self.isValidChannel(channel) else { throw ChannelNameError(channel: channel) }
         self.client = client
@@ -131,6 +147,7 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
         self.channel = channel
         self.backoff = backoff
         self.heartbeat = heartbeat
+        self.deliveryBuffer = max(1, deliveryBuffer)
         self.logger = logger
         metrics = BusMetrics(channel: channel)
     }
@@ -157,6 +174,8 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
     public var invalidationsReceived: Int { state.withLock { $0.received } }
     /// Times `LISTEN` was put in place again after a lost connection.
     public var reconnections: Int { state.withLock { $0.reconnections } }
+    /// Times a subscriber's buffer overflowed and was replaced by one `.reconnected`.
+    public var overflows: Int { state.withLock { $0.overflows } }
 
     // MARK: AsyncStateInvalidationBus
 
@@ -170,25 +189,34 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
     }
 
     /// The invalidations other replicas publish, and `.reconnected` after every (re)connection, until
-    /// ``run()`` returns.
+    /// ``run()`` returns; buffered up to `deliveryBuffer` (see the type's documentation). The stream
+    /// leaves the bus when its consumer's task is cancelled.
     public func deliveries() -> AsyncStream<AsyncStateInvalidationDelivery> {
-        let (stream, continuation) = AsyncStream<AsyncStateInvalidationDelivery>.makeStream()
+        let queue = DeliveryQueue(capacity: deliveryBuffer)
         let id: Int? = state.withLock { state in
             guard !state.hasEnded else { return nil }
             let id = state.nextSubscriber
             state.nextSubscriber += 1
-            state.subscribers[id] = continuation
-            if state.isListening { continuation.yield(.reconnected) }
+            state.subscribers[id] = queue
+            if state.isListening { queue.push(.reconnected) }
             return id
         }
         guard let id else {
-            continuation.finish()
-            return stream
+            queue.finish()
+            return queue.stream {}
         }
-        continuation.onTermination = { [weak self] _ in
-            _ = self?.state.withLock { $0.subscribers.removeValue(forKey: id) }
-        }
-        return stream
+        return queue.stream { [weak self] in _ = self?.state.withLock { $0.subscribers.removeValue(forKey: id) } }
+    }
+
+    /// Delivers `delivery` to every subscriber, counting the buffers it overflows.
+    private func broadcast(_ delivery: AsyncStateInvalidationDelivery, to subscribers: [DeliveryQueue]) {
+        let overflowed = subscribers.count { !$0.push(delivery) }
+        guard overflowed > 0 else { return }
+        state.withLock { $0.overflows += overflowed }
+        metrics.overflows.increment(by: overflowed)
+        logger.debug(
+            "a subscriber's invalidations overflowed its buffer: replaced by one reconnected",
+            metadata: ["channel": "\(channel)"])
     }
 
     // MARK: Service
@@ -204,12 +232,15 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
             defer { state.subscribers = [:] }
             return Array(state.subscribers.values)
         }
-        for continuation in ended { continuation.finish() }
+        for queue in ended { queue.finish() }
     }
 
     private func listen() async {
         var failures = 0
         var hasListened = false
+        // When `LISTEN` was last put in place: the backoff starts over only if it then held for two
+        // heartbeats (a connection that dies at once is a failure like one that never connects).
+        let listenedAt = Mutex<ContinuousClock.Instant?>(nil)
         while !Task.isCancelled {
             do {
                 let connection = try await withDeadline(setupTimeout) { [listening, logger] in
@@ -227,7 +258,7 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
                         }
                         defer { group.cancelAll() }
                         try await connection.listen(on: channel) { notifications in
-                            failures = 0
+                            listenedAt.withLock { $0 = .now }
                             self.listeningStarted(afterGap: hasListened)
                             hasListened = true
                             try await self.receive(notifications, pinging: connection)
@@ -242,6 +273,11 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
                 state.withLock { $0.isListening = false }
                 metrics.listening.record(0)
                 guard !Task.isCancelled else { return }
+                let heldFor = listenedAt.withLock { at in
+                    defer { at = nil }
+                    return at.map { $0.duration(to: .now) }
+                }
+                if let heldFor, heldFor >= heartbeat * 2 { failures = 0 }
                 failures += 1
                 let delay = backoff.delay(afterAttempt: failures)
                 // Every failure at debug; the first, and then fewer and fewer, at warning.
@@ -273,7 +309,7 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
         metrics.listening.record(1)
         if afterGap { metrics.reconnections.increment() }
         logger.info("invalidation listener is listening", metadata: ["channel": "\(channel)"])
-        for subscriber in subscribers { subscriber.yield(.reconnected) }
+        broadcast(.reconnected, to: subscribers)
     }
 
     /// Delivers notifications until the stream ends or a ping fails (both throw, to reconnect).
@@ -316,11 +352,17 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
         do {
             invalidation = try AsyncStateInvalidation(payload: payload)
         } catch {
-            state.withLock { $0.malformed += 1 }
+            let count = state.withLock { state in
+                state.malformed += 1
+                return state.malformed
+            }
             metrics.malformed.increment()
-            logger.warning(
+            // The first, then fewer and fewer, at warning: a flood must not flood the log. (The
+            // error's excerpt of the payload is escaped: it cannot forge a line.)
+            logger.log(
+                level: count & (count - 1) == 0 ? .warning : .debug,
                 "ignored a notification that is not an invalidation",
-                metadata: ["channel": "\(channel)", "error": "\(error)"])
+                metadata: ["channel": "\(channel)", "error": "\(error)", "count": "\(count)"])
             return
         }
         let subscribers = state.withLock { state in
@@ -328,7 +370,7 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
             return Array(state.subscribers.values)
         }
         metrics.received.increment()
-        for subscriber in subscribers { subscriber.yield(.invalidate(invalidation)) }
+        broadcast(.invalidate(invalidation), to: subscribers)
     }
 
     /// `operation`'s result, or a `DeadlineExceeded` error after `timeout` (it is cancelled then).

@@ -12,7 +12,10 @@ import ServiceLifecycle
 /// - `GET /config/:tenant`: the `tenants` family. `PUT /config/:tenant` with a JSON object of
 ///   strings replaces the tenant's settings and answers the new configuration, with
 ///   `X-Invalidation` saying how the other replicas were told (`published`, `failed`, `local`); 503
-///   when the store cannot be written.
+///   when the store cannot be written. A write needs `Authorization: Bearer <WRITE_TOKEN>` (401
+///   without it, 403 when the service has no token), a body of at most 16 KiB (413), and settings
+///   within ``TenantConfig/validate(_:)`` (400).
+/// - A request the service cannot read gets 400 with a fixed message, which never echoes the input.
 /// - `GET /ready`: 503 until the critical states have data; `GET /health`: 200 while running.
 /// - `GET /metrics`: the Prometheus registry, state metrics included.
 public func buildRouter(
@@ -25,7 +28,7 @@ public func buildRouter(
     router.get("/rates") { _, _ in responder.response(for: try await catalog.ratesSnapshot()) }
     router.get("/users/{id}") { _, context -> Response in
         guard let id = context.parameters.get("id", as: Int.self) else {
-            return Response(status: .badRequest)
+            return .badRequest("a user id is an integer")
         }
         return responder.response(for: try await catalog.profileSnapshot(id))
     }
@@ -34,12 +37,24 @@ public func buildRouter(
         context.parameters.get("tenant").flatMap { TenantConfig.isValidID($0) ? $0 : nil }
     }
     router.get("/config/{tenant}") { _, context -> Response in
-        guard let id = tenantID(context) else { return Response(status: .badRequest) }
+        guard let id = tenantID(context) else { return .badRequest(tenantIDRule) }
         return responder.response(for: try await catalog.tenantSnapshot(id))
     }
     router.put("/config/{tenant}") { request, context -> Response in
-        guard let id = tenantID(context) else { return Response(status: .badRequest) }
-        let settings = try await request.decode(as: [String: String].self, context: context)
+        guard let token = settings.writeToken else {
+            return .plain(.forbidden, "writes are disabled: the service has no WRITE_TOKEN")
+        }
+        guard let presented = request.headers[.authorization].flatMap(bearerToken),
+            equalInConstantTime(presented, token)
+        else {
+            return .plain(.unauthorized, "a write needs Authorization: Bearer <token>", [.wwwAuthenticate: "Bearer"])
+        }
+        guard let id = tenantID(context) else { return .badRequest(tenantIDRule) }
+        let body = try await request.body.collect(upTo: maximumWriteBytes)  // 413 beyond it
+        guard let settings = try? JSONDecoder().decode([String: String].self, from: body) else {
+            return .badRequest("the body is a JSON object of strings")
+        }
+        if let problem = TenantConfig.validate(settings) { return .badRequest(problem) }
         let written: (TenantConfig, Catalog.Announcement)
         do {
             written = try await catalog.writeTenant(id, settings: settings)
@@ -62,6 +77,40 @@ public func buildRouter(
             body: ResponseBody(byteBuffer: ByteBuffer(bytes: registry.emitToBuffer())))
     }
     return router
+}
+
+/// The largest body `PUT /config/:tenant` reads: 16 KiB (a tenant's settings are far smaller).
+let maximumWriteBytes = 16 << 10
+
+/// What a valid tenant id is, for a 400.
+let tenantIDRule = "a tenant id is 1 to 64 letters, digits, - and _"
+
+/// The token of an `Authorization: Bearer <token>` header, if it is one.
+@Sendable func bearerToken(_ header: String) -> String? {
+    let parts = header.split(separator: " ", maxSplits: 1)
+    guard parts.count == 2, parts[0].lowercased() == "bearer", !parts[1].isEmpty else { return nil }
+    return String(parts[1])
+}
+
+/// Whether `a` and `b` are equal, comparing every byte whatever differs first (the time taken does
+/// not tell an attacker how much of a guess was right; only the length may).
+@Sendable func equalInConstantTime(_ a: String, _ b: String) -> Bool {
+    let (x, y) = (Array(a.utf8), Array(b.utf8))
+    guard x.count == y.count else { return false }
+    return zip(x, y).reduce(UInt8(0)) { $0 | ($1.0 ^ $1.1) } == 0
+}
+
+extension Response {
+    /// A response with a short plain-text explanation (a fixed message: never the request's input).
+    static func plain(_ status: HTTPResponse.Status, _ message: String, _ headers: HTTPFields = [:]) -> Response {
+        var headers = headers
+        headers[.contentType] = "text/plain; charset=utf-8"
+        return Response(
+            status: status, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(string: message + "\n")))
+    }
+
+    /// 400 with `message`.
+    static func badRequest(_ message: String) -> Response { .plain(.badRequest, message) }
 }
 
 /// The whole service: the router, and the ``RefreshService`` run by the application's service group

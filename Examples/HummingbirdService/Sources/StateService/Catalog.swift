@@ -38,10 +38,11 @@ public final class Catalog: Sendable {
     ///   - observer: Receives every state's events (logs and metrics).
     ///   - tenantStore: Where tenants' configurations live (shared by the replicas).
     ///   - bus: The invalidation bus between replicas; the caller runs the ``invalidator``.
+    ///   - authenticator: Signs and checks the invalidations on `bus` (see `HMACAuthenticator`).
     public init(
         settings: Settings, upstream: any Upstream, clock: some Clock<Duration> = ContinuousClock(),
         observer: (any AsyncStateObserver)? = nil, tenantStore: any TenantStore = InMemoryTenantStore(),
-        bus: (any AsyncStateInvalidationBus)? = nil
+        bus: (any AsyncStateInvalidationBus)? = nil, authenticator: (any AsyncStateInvalidationAuthenticator)? = nil
     ) {
         let retry = RetryPolicy.exponential(
             maxAttempts: settings.retryAttempts, initial: settings.retryInitialDelay, cap: .seconds(10),
@@ -63,10 +64,18 @@ public final class Catalog: Sendable {
             idleExpiry: settings.profileIdleExpiry, clock: clock, retry: retry, timeout: settings.fetchTimeout,
             failureExpiry: settings.failureExpiry, refreshAfter: settings.profileExpiry * 0.8, name: "profiles",
             observer: observer)
+        // Bounded by count and by weight: tenants are written by clients (each capped by the write
+        // route), and cached by whoever asks for them.
         tenants = AsyncStateFamily(
-            expiry: settings.tenantExpiry, capacity: settings.profileCapacity, clock: clock, retry: retry,
-            timeout: settings.fetchTimeout, failureExpiry: settings.failureExpiry, name: "tenants", observer: observer)
-        invalidator = bus.map { AsyncStateInvalidator(bus: $0) }
+            expiry: settings.tenantExpiry, capacity: settings.profileCapacity,
+            maximumWeight: settings.tenantMaximumBytes, weigher: { _, config in config.weight }, clock: clock,
+            retry: retry, timeout: settings.fetchTimeout, failureExpiry: settings.failureExpiry, name: "tenants",
+            observer: observer)
+        invalidator = bus.map {
+            AsyncStateInvalidator(
+                bus: $0, authenticator: authenticator, invalidateAllInterval: settings.invalidateAllInterval,
+                clock: clock)
+        }
         invalidator?.subscribe(tenants, to: Self.tenantsTopic)
     }
 

@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import NIOSSL
 import PostgresInvalidation
 import PostgresNIO
 
@@ -24,8 +25,15 @@ import PostgresNIO
 /// | `UPSTREAM_LATENCY` | 0.02 | How long the simulated upstream takes per call. |
 /// | `STATE_FILE` | (none) | Where the states are saved on shutdown and loaded from at start (warm restarts). |
 /// | `TENANT_EXPIRY` | 60 | How long a tenant's configuration is fresh: the longest a replica can serve an old one if an invalidation is lost. |
-/// | `POSTGRES_URL` | (none) | `postgres://user[:password]@host[:port]/database`: tenants live there, and replicas invalidate each other through it. Without it, tenants live in memory. |
+/// | `TENANT_MAX_BYTES` | 67108864 | What the cached tenants' settings may weigh together, in bytes. |
+/// | `WRITE_TOKEN` | (none) | The bearer token `PUT /config/:tenant` requires (at least 16 characters); without it, writes are refused. |
+/// | `POSTGRES_URL` | (none) | `postgres://user[:password]@host[:port]/database[?sslmode=disable\|require\|verify-full]`: tenants live there, and replicas invalidate each other through it. Without it, tenants live in memory. TLS is verified (`verify-full`) by default, and required for any host but the loopback. |
 /// | `INVALIDATION_CHANNEL` | async_state_invalidations | The `NOTIFY` channel the replicas share. |
+/// | `INVALIDATION_SECRET` | (none; required with `POSTGRES_URL`) | The secret the replicas sign their invalidations with (HMAC-SHA256, at least 32 bytes): a message without a valid signature is dropped. |
+/// | `INVALIDATE_ALL_INTERVAL` | 1 | The shortest time between two invalidations of every tenant caused by messages (more are coalesced). |
+///
+/// No error ever shows a secret: a URL's password is replaced by `***`, and the values of
+/// `WRITE_TOKEN` and `INVALIDATION_SECRET` by their length.
 public struct Settings: Sendable, Equatable {
     public var host = "127.0.0.1"
     public var port = 8080
@@ -43,8 +51,12 @@ public struct Settings: Sendable, Equatable {
     public var upstreamLatency = Duration.milliseconds(20)
     public var stateFile: String?
     public var tenantExpiry = Duration.seconds(60)
+    public var tenantMaximumBytes = 64 << 20
+    public var writeToken: String?
     public var postgres: PostgresSettings?
     public var invalidationChannel = "async_state_invalidations"
+    public var invalidationSecret: String?
+    public var invalidateAllInterval = Duration.seconds(1)
 
     /// The defaults.
     public init() {}
@@ -75,13 +87,38 @@ public struct Settings: Sendable, Equatable {
         upstreamLatency = try read.seconds("UPSTREAM_LATENCY", allowingZero: true) ?? upstreamLatency
         stateFile = read.string("STATE_FILE")
         tenantExpiry = try read.seconds("TENANT_EXPIRY") ?? tenantExpiry
-        if let url = read.string("POSTGRES_URL") {
-            guard let parsed = PostgresSettings(url: url) else {
+        tenantMaximumBytes = try read.integer("TENANT_MAX_BYTES", in: 1...(1 << 40)) ?? tenantMaximumBytes
+        if let token = read.string("WRITE_TOKEN") {
+            guard token.count >= 16 else {
                 throw SettingsError(
-                    variable: "POSTGRES_URL", value: url, expected: "postgres://user[:password]@host[:port]/database")
+                    variable: "WRITE_TOKEN", value: "(\(token.count) characters)", expected: "at least 16 characters")
             }
-            postgres = parsed
+            writeToken = token
         }
+        if let url = read.string("POSTGRES_URL") {
+            do {
+                postgres = try PostgresSettings(url: url)
+            } catch {
+                throw SettingsError(
+                    variable: "POSTGRES_URL", value: PostgresSettings.redacting(url),
+                    expected: "postgres://user[:password]@host[:port]/database[?sslmode=…] (\(error))")
+            }
+        }
+        if let secret = read.string("INVALIDATION_SECRET") {
+            guard secret.utf8.count >= HMACAuthenticator.minimumSecretBytes else {
+                throw SettingsError(
+                    variable: "INVALIDATION_SECRET", value: "(\(secret.utf8.count) bytes)",
+                    expected: "at least \(HMACAuthenticator.minimumSecretBytes) bytes")
+            }
+            invalidationSecret = secret
+        } else if postgres != nil {
+            throw SettingsError(
+                variable: "INVALIDATION_SECRET", value: "(unset)",
+                expected: "a secret of at least \(HMACAuthenticator.minimumSecretBytes) bytes with POSTGRES_URL "
+                    + "(anyone who can connect to the database could otherwise invalidate every replica)")
+        }
+        invalidateAllInterval =
+            try read.seconds("INVALIDATE_ALL_INTERVAL", allowingZero: true) ?? invalidateAllInterval
         if let channel = read.string("INVALIDATION_CHANNEL") {
             guard PostgresInvalidationBus.isValidChannel(channel) else {
                 throw SettingsError(
@@ -93,40 +130,126 @@ public struct Settings: Sendable, Equatable {
     }
 }
 
-/// Where the PostgreSQL server is, from `POSTGRES_URL` (no TLS: for a server on the same host or
-/// network; add TLS settings for anything else).
+/// Where the PostgreSQL server is, and how to reach it, from `POSTGRES_URL`.
+///
+/// TLS follows libpq's `sslmode`: `verify-full` (the default) encrypts and verifies the server's
+/// certificate and host name against the system's trust store; `require` encrypts without
+/// verifying (it does not stop someone on the path who can answer as the server); `disable` sends
+/// everything in clear, and is accepted only for a server on the loopback interface. Anyone on the
+/// path of a clear connection can read tenants' data, inject notifications, or ask the driver for a
+/// clear-text password.
 public struct PostgresSettings: Sendable, Equatable {
     public var host: String
     public var port: Int
     public var username: String
     public var password: String?
     public var database: String
+    public var sslMode: SSLMode
 
-    /// Parses `postgres://user[:password]@host[:port]/database` (or `postgresql://`).
-    public init?(url: String) {
-        guard let components = URLComponents(string: url), ["postgres", "postgresql"].contains(components.scheme),
-            let host = components.host, !host.isEmpty, let username = components.user, !username.isEmpty
-        else { return nil }
+    /// How the connections use TLS (libpq's `sslmode` values that the service supports).
+    public enum SSLMode: String, Sendable, Equatable, CaseIterable {
+        /// No TLS: only for a server on the loopback interface.
+        case disable
+        /// TLS, the server's certificate not verified.
+        case require
+        /// TLS, the server's certificate and host name verified.
+        case verifyFull = "verify-full"
+    }
+
+    /// Why a `POSTGRES_URL` was refused (never quoting it: it may hold a password).
+    public struct URLError: Error, Equatable, CustomStringConvertible {
+        public var reason: String
+        public var description: String { reason }
+    }
+
+    /// Parses `postgres://user[:password]@host[:port]/database[?sslmode=…]` (or `postgresql://`).
+    /// No other query parameter is accepted: one the service would silently ignore (`sslrootcert`,
+    /// a misspelled `sslmode`) would leave the connection less safe than its operator thinks.
+    ///
+    /// - Throws: ``URLError`` saying what is wrong.
+    public init(url: String) throws(URLError) {
+        guard let components = URLComponents(string: url), ["postgres", "postgresql"].contains(components.scheme)
+        else { throw URLError(reason: "not a postgres:// URL") }
+        guard let host = components.host, !host.isEmpty else { throw URLError(reason: "no host") }
+        guard let username = components.user, !username.isEmpty else { throw URLError(reason: "no user") }
         let database = String(components.path.drop { $0 == "/" })
-        guard !database.isEmpty, !database.contains("/") else { return nil }
-        if let port = components.port, !(1...65_535).contains(port) { return nil }
+        guard !database.isEmpty, !database.contains("/") else {
+            throw URLError(reason: "no database, or more than one")
+        }
+        if let port = components.port, !(1...65_535).contains(port) { throw URLError(reason: "a port out of range") }
+        var sslMode: SSLMode?
+        for item in components.queryItems ?? [] {
+            guard item.name == "sslmode", sslMode == nil else {
+                throw URLError(reason: "the query parameter \"\(item.name)\" is not supported (only sslmode, once)")
+            }
+            guard let mode = item.value.flatMap(SSLMode.init(rawValue:)) else {
+                throw URLError(reason: "sslmode must be disable, require or verify-full")
+            }
+            sslMode = mode
+        }
+        let isLoopback = Self.isLoopback(host)
+        let mode = sslMode ?? (isLoopback ? .disable : .verifyFull)
+        guard mode != .disable || isLoopback else {
+            throw URLError(reason: "sslmode=disable is accepted only for a loopback host, not \(host)")
+        }
         self.host = host
         self.port = components.port ?? 5432
         self.username = username
         self.password = components.password
         self.database = database
+        self.sslMode = mode
+    }
+
+    /// Whether `host` is the loopback interface (`localhost`, `127.0.0.0/8`, `::1`).
+    static func isLoopback(_ host: String) -> Bool {
+        let host = host.lowercased()
+        if host == "localhost" || host == "::1" || host == "[::1]" { return true }
+        let octets = host.split(separator: ".", omittingEmptySubsequences: false)
+        return octets.count == 4 && octets[0] == "127" && octets.allSatisfy { UInt8($0) != nil }
+    }
+
+    /// `url` with its password, if any, replaced by `***`: what an error may show.
+    public static func redacting(_ url: String) -> String {
+        guard var components = URLComponents(string: url) else {
+            // Not a URL: whatever stands between "://" and the last "@" may be a user and password.
+            guard let scheme = url.range(of: "://"), let at = url.range(of: "@", options: .backwards),
+                at.lowerBound > scheme.upperBound
+            else { return url }
+            return String(url[..<scheme.upperBound]) + "***" + String(url[at.lowerBound...])
+        }
+        guard components.password != nil else { return url }
+        components.password = "***"
+        return components.string ?? "***"
+    }
+
+    /// The TLS configuration of `sslMode` (`nil` for `disable`).
+    private var tlsConfiguration: TLSConfiguration? {
+        switch sslMode {
+        case .disable:
+            return nil
+        case .require:
+            var configuration = TLSConfiguration.makeClientConfiguration()
+            configuration.certificateVerification = .none
+            return configuration
+        case .verifyFull:
+            return TLSConfiguration.makeClientConfiguration()  // full verification, the system's roots
+        }
     }
 
     /// The configuration of the service's connection pool.
     public var client: PostgresClient.Configuration {
         PostgresClient.Configuration(
-            host: host, port: port, username: username, password: password, database: database, tls: .disable)
+            host: host, port: port, username: username, password: password, database: database,
+            tls: tlsConfiguration.map { .require($0) } ?? .disable)
     }
 
     /// The configuration of a single connection (the invalidation listener's).
-    public var connection: PostgresConnection.Configuration {
+    ///
+    /// - Throws: NIOSSL's error when the TLS context cannot be made (the system's trust store).
+    public func connection() throws -> PostgresConnection.Configuration {
         PostgresConnection.Configuration(
-            host: host, port: port, username: username, password: password, database: database, tls: .disable)
+            host: host, port: port, username: username, password: password, database: database,
+            tls: try tlsConfiguration.map { .require(try NIOSSLContext(configuration: $0)) } ?? .disable)
     }
 }
 

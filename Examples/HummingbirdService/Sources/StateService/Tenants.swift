@@ -19,6 +19,29 @@ public struct TenantConfig: Codable, Sendable, Equatable {
         self.settings = settings
     }
 
+    /// The most settings a tenant has, and the longest key and value, in UTF-8 bytes: what a write
+    /// may hold (see ``validate(_:)``).
+    public static let maximumSettings = 64
+    public static let maximumKeyBytes = 64
+    public static let maximumValueBytes = 1_024
+
+    /// What a write's settings break, if anything: a fixed message that never echoes the input.
+    public static func validate(_ settings: [String: String]) -> String? {
+        guard settings.count <= maximumSettings else { return "at most \(maximumSettings) settings" }
+        guard settings.allSatisfy({ (1...maximumKeyBytes).contains($0.key.utf8.count) }) else {
+            return "a setting's name is 1 to \(maximumKeyBytes) bytes"
+        }
+        guard settings.values.allSatisfy({ $0.utf8.count <= maximumValueBytes }) else {
+            return "a setting's value is at most \(maximumValueBytes) bytes"
+        }
+        return nil
+    }
+
+    /// About what the configuration takes in memory, in bytes: the tenants family's weight.
+    public var weight: Int {
+        64 + tenant.utf8.count + settings.reduce(0) { $0 + 32 + $1.key.utf8.count + $1.value.utf8.count }
+    }
+
     /// Whether `id` can name a tenant: 1 to 64 ASCII letters, digits, `-` and `_`.
     public static func isValidID(_ id: String) -> Bool {
         (1...64).contains(id.utf8.count)

@@ -34,17 +34,20 @@ let observer = ObserverGroup([LoggingObserver(logger: logger), MetricsObserver()
 var services: [any Service] = []
 var tenantStore: any TenantStore = InMemoryTenantStore()
 var bus: PostgresInvalidationBus?
+var authenticator: HMACAuthenticator?
 if let postgres = settings.postgres {
     let client = PostgresClient(configuration: postgres.client, backgroundLogger: logger)
     let postgresBus = try PostgresInvalidationBus(
-        client: client, listening: postgres.connection, channel: settings.invalidationChannel, logger: logger)
+        client: client, listening: try postgres.connection(), channel: settings.invalidationChannel, logger: logger)
     tenantStore = PostgresTenantStore(client: client, logger: logger)
     bus = postgresBus
+    // Settings guarantee a secret with POSTGRES_URL.
+    authenticator = try settings.invalidationSecret.map { try HMACAuthenticator(secret: $0) }
     services += [client, postgresBus]
 }
 let catalog = Catalog(
     settings: settings, upstream: SimulatedUpstream(latency: settings.upstreamLatency, clock: ContinuousClock()),
-    observer: observer, tenantStore: tenantStore, bus: bus)
+    observer: observer, tenantStore: tenantStore, bus: bus, authenticator: authenticator)
 if let invalidator = catalog.invalidator {
     services.append(InvalidationService(invalidator: invalidator))
 }

@@ -15,16 +15,16 @@ import Glibc
 /// the duration of `body` (the real clock, a real server).
 func withBuses(
     _ count: Int, channel: String = uniqueChannel("bus"), backoff: PostgresInvalidationBus.Backoff = .init(),
-    heartbeat: Duration = .milliseconds(500),
+    heartbeat: Duration = .milliseconds(500), deliveryBuffer: Int = 1_024, logger: Logger = quietLogger,
     _ body: @Sendable ([PostgresInvalidationBus], PostgresClient) async throws -> Void
 ) async throws {
     let server = try Server.settings()
     let client = PostgresClient(configuration: server.client, backgroundLogger: quietLogger)
-    let listening = server.connection
+    let listening = try server.connection()
     let buses = try (0..<count).map { _ in
         try PostgresInvalidationBus(
             client: client, listening: listening, channel: channel, backoff: backoff,
-            heartbeat: heartbeat, logger: quietLogger)
+            heartbeat: heartbeat, deliveryBuffer: deliveryBuffer, logger: logger)
     }
     try await withThrowingTaskGroup(of: Void.self) { group in
         group.addTask { await client.run() }
@@ -191,7 +191,7 @@ extension RealServerTests {
             let server = try Server.settings()
             let client = PostgresClient(configuration: server.client, backgroundLogger: quietLogger)
             let bus = try PostgresInvalidationBus(
-                client: client, listening: server.connection, channel: uniqueChannel("end"),
+                client: client, listening: try server.connection(), channel: uniqueChannel("end"),
                 logger: quietLogger)
             let running = Task { try await bus.run() }
             #expect(await eventually(timeout: .seconds(30)) { bus.isListening })
@@ -212,10 +212,11 @@ extension RealServerTests {
     @Suite(.timeLimit(.minutes(1))) struct UnreachableServerTests {
         /// A bus (fast backoff) and its client, for a server on `port` of 127.0.0.1.
         static func bus(port: Int, heartbeat: Duration = .seconds(5)) throws -> PostgresInvalidationBus {
-            let server = try #require(PostgresSettings(url: "postgres://nobody@127.0.0.1:\(port)/none"))
+            let server = try PostgresSettings(url: "postgres://nobody@127.0.0.1:\(port)/none")
             return try PostgresInvalidationBus(
                 client: PostgresClient(configuration: server.client, backgroundLogger: quietLogger),
-                listening: server.connection, backoff: .init(initial: .milliseconds(10), maximum: .milliseconds(50)),
+                listening: try server.connection(),
+                backoff: .init(initial: .milliseconds(10), maximum: .milliseconds(50)),
                 heartbeat: heartbeat, logger: quietLogger)
         }
 

@@ -20,6 +20,7 @@ extension RealServerTests {
             let tenant = "tenant-\(UInt32.random(in: 0...UInt32.max))"
             let environment = [
                 "POSTGRES_URL": try #require(Server.url), "INVALIDATION_CHANNEL": channel,
+                "INVALIDATION_SECRET": Server.secret, "WRITE_TOKEN": Server.writeToken,
                 "TENANT_EXPIRY": "\(Self.expiry.components.seconds)", "LOG_LEVEL": "warning",
                 "UPSTREAM_LATENCY": "0.001",
                 "FAILURE_EXPIRY": "0.05", "RETRY_ATTEMPTS": "1",
@@ -49,7 +50,8 @@ extension RealServerTests {
                 var version: Int?
                 let written = try await eventually(timeout: .seconds(60)) {
                     let (status, body) = try await client.call(
-                        "\(writer.base)/config/\(tenant)", method: .PUT, body: #"{"write":"\#(write)"}"#)
+                        "\(writer.base)/config/\(tenant)", method: .PUT, body: #"{"write":"\#(write)"}"#,
+                        token: Server.writeToken)
                     guard status == 200 else { return false }
                     version = try JSONDecoder().decode(Config.self, from: Data(body.utf8)).version
                     return true

@@ -27,8 +27,12 @@ enum Server {
 
     /// Where ``url`` points, parsed as the service parses `POSTGRES_URL`.
     static func settings() throws -> PostgresSettings {
-        try #require(Server.url.flatMap(PostgresSettings.init(url:)), "ASYNCSTATE_POSTGRES_URL")
+        try PostgresSettings(url: try #require(Server.url, "ASYNCSTATE_POSTGRES_URL"))
     }
+
+    /// The secret the replicas of a test share, and the token its writes present.
+    static let secret = "replica-tests-secret-\(UUID().uuidString)"
+    static let writeToken = "replica-tests-token-\(UUID().uuidString)"
 
     /// Stops the server (a fast shutdown: every connection is cut) and starts it again.
     static func restart() throws {
@@ -183,10 +187,13 @@ final class Replica {
 
 extension HTTPClient {
     /// One request: its status and body (status 0 when the server cannot be reached).
-    func call(_ url: String, method: HTTPMethod = .GET, body: String? = nil) async throws -> (Int, String) {
+    func call(
+        _ url: String, method: HTTPMethod = .GET, body: String? = nil, token: String? = nil
+    ) async throws -> (Int, String) {
         var request = HTTPClientRequest(url: url)
         request.method = method
         if let body { request.body = .bytes(ByteBuffer(string: body)) }
+        if let token { request.headers.add(name: "Authorization", value: "Bearer \(token)") }
         do {
             let response = try await execute(request, timeout: .seconds(10))
             let bytes = try await response.body.collect(upTo: 1 << 20)

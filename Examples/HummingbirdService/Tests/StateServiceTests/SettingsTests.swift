@@ -26,17 +26,21 @@ import Testing
     @Test func postgresAndTenantVariables() throws {
         let settings = try Settings(environment: [
             "POSTGRES_URL": "postgres://app:s%40cret@db.internal:6543/service", "TENANT_EXPIRY": "20",
-            "INVALIDATION_CHANNEL": "tenants_v2",
+            "INVALIDATION_CHANNEL": "tenants_v2", "INVALIDATION_SECRET": String(repeating: "k", count: 32),
+            "WRITE_TOKEN": "0123456789abcdef", "TENANT_MAX_BYTES": "1000000", "INVALIDATE_ALL_INTERVAL": "2",
         ])
         #expect(settings.tenantExpiry == .seconds(20))
         #expect(settings.invalidationChannel == "tenants_v2")
+        #expect(settings.writeToken == "0123456789abcdef" && settings.tenantMaximumBytes == 1_000_000)
+        #expect(settings.invalidateAllInterval == .seconds(2))
         let postgres = try #require(settings.postgres)
         #expect(postgres.host == "db.internal")
         #expect(postgres.port == 6543)
         #expect(postgres.username == "app")
         #expect(postgres.password == "s@cret")
         #expect(postgres.database == "service")
-        #expect(PostgresSettings(url: "postgresql://app@localhost/db")?.port == 5432)
+        #expect(postgres.sslMode == .verifyFull)  // a remote host: TLS, verified, by default
+        #expect(try PostgresSettings(url: "postgresql://app@localhost/db").port == 5432)
         #expect(try Settings(environment: [:]).postgres == nil)
     }
 
@@ -55,6 +59,66 @@ import Testing
         } catch {
             #expect(error.variable == variable)
             #expect("\(error)".hasPrefix("\(variable)=\(value): expected"))
+        }
+    }
+
+    @Test func tlsFollowsSSLModeAndIsRequiredForAnyHostButTheLoopback() throws {
+        #expect(try PostgresSettings(url: "postgres://app@127.0.0.1/db").sslMode == .disable)
+        #expect(try PostgresSettings(url: "postgres://app@localhost/db").sslMode == .disable)
+        #expect(try PostgresSettings(url: "postgres://app@[::1]/db").sslMode == .disable)
+        #expect(try PostgresSettings(url: "postgres://app@127.0.0.1/db?sslmode=require").sslMode == .require)
+        #expect(try PostgresSettings(url: "postgres://app@db.internal/db").sslMode == .verifyFull)
+        #expect(try PostgresSettings(url: "postgres://app@db.internal/db?sslmode=require").sslMode == .require)
+        #expect(try PostgresSettings(url: "postgres://app@db.internal/db?sslmode=verify-full").sslMode == .verifyFull)
+        // What would leave a connection less safe than its operator thinks is refused.
+        for url in [
+            "postgres://app@db.internal/db?sslmode=disable", "postgres://app@10.0.0.1/db?sslmode=disable",
+            "postgres://app@127.0.0.1.evil.example/db?sslmode=disable", "postgres://app@db.internal/db?sslmode=prefer",
+            "postgres://app@db.internal/db?ssl_mode=require", "postgres://app@db.internal/db?sslrootcert=/x",
+            "postgres://app@db.internal/db?sslmode=require&sslmode=disable",
+        ] {
+            #expect(throws: PostgresSettings.URLError.self, "\(url)") { try PostgresSettings(url: url) }
+        }
+        // The connections are made with it.
+        let remote = try PostgresSettings(url: "postgres://app@db.internal/db")
+        _ = try remote.connection()
+        _ = remote.client
+    }
+
+    @Test func noErrorShowsASecret() {
+        let secret = "hunter2-is-the-password"
+        for url in [
+            "postgres://app:\(secret)@db.internal:0/db", "postgres://app:\(secret)@db.internal/db?sslmode=disable",
+            "postgres://app:\(secret)@db.internal/db?unknown=1", "postgres://app:\(secret)@ho st/db",
+        ] {
+            do {
+                _ = try Settings(environment: [
+                    "POSTGRES_URL": url, "INVALIDATION_SECRET": String(repeating: "k", count: 32),
+                ])
+                Issue.record("\(url) was accepted")
+            } catch {
+                #expect(!"\(error)".contains(secret), "\(error)")
+                #expect("\(error)".contains("***"), "\(error)")
+            }
+        }
+        for (variable, value) in [("WRITE_TOKEN", "short-\(secret.prefix(4))"), ("INVALIDATION_SECRET", secret)] {
+            do {
+                _ = try Settings(environment: [variable: value])
+                Issue.record("\(variable) was accepted")
+            } catch {
+                #expect(!"\(error)".contains(value), "\(error)")
+                #expect(error.variable == variable)
+            }
+        }
+        #expect(PostgresSettings.redacting("postgres://app@db/x") == "postgres://app@db/x")
+    }
+
+    @Test func aSecretIsRequiredWithAServerToInvalidateThrough() {
+        #expect(throws: SettingsError.self) {
+            try Settings(environment: ["POSTGRES_URL": "postgres://app@127.0.0.1/db"])
+        }
+        #expect(throws: SettingsError.self) {
+            try Settings(environment: ["POSTGRES_URL": "postgres://app@127.0.0.1/db", "INVALIDATION_SECRET": "short"])
         }
     }
 }

@@ -86,6 +86,7 @@ struct Fixture {
         var settings = Settings()
         settings.retryAttempts = 1
         settings.failureExpiry = .seconds(1)
+        settings.writeToken = Fixture.writeToken
         configure(&settings)
         self.settings = settings
         upstream = ScriptedUpstream(clock: clock, latency: latency)
@@ -94,6 +95,9 @@ struct Fixture {
             observer: MetricsObserver(factory: PrometheusMetricsFactory(registry: registry)), tenantStore: tenantStore,
             bus: bus)
     }
+
+    /// The token the fixture's writes present (``TestClientProtocol/put(_:_:)``).
+    static let writeToken = "test-write-token-0123456789"
 
     /// The routes alone (no background refreshes).
     func routes() -> some ApplicationProtocol {

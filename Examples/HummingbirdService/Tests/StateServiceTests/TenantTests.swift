@@ -40,8 +40,11 @@ struct Replicas {
 }
 
 extension TestClientProtocol {
-    func put(_ uri: String, _ json: String) async throws -> TestResponse {
-        try await execute(uri: uri, method: .put, body: ByteBuffer(string: json))
+    /// A write with the fixture's token (or `token`, or none when it is `nil`).
+    func put(_ uri: String, _ json: String, token: String? = Fixture.writeToken) async throws -> TestResponse {
+        var headers: HTTPFields = [:]
+        if let token { headers[.authorization] = "Bearer \(token)" }
+        return try await execute(uri: uri, method: .put, headers: headers, body: ByteBuffer(string: json))
     }
 }
 
@@ -92,10 +95,14 @@ func version(_ response: TestResponse) throws -> Int {
             let (_, announcement) = try await a.catalog.writeTenant("acme", settings: ["v": "2"])
             #expect(announcement == .published)
             #expect(try await b.catalog.tenantSnapshot("acme").value?.version == 1)
-            // Back: every subscribed state is invalidated, so B refetches.
+            // Back: every subscribed state is invalidated, so B refetches — at the end of the
+            // second since the last invalidation of every tenant (the one its stream opened with):
+            // whole-topic invalidations are coalesced to one a second.
             let applied = b.catalog.invalidator!.deliveriesApplied
             b.bus.reconnect()
             #expect(await eventually { b.catalog.invalidator!.deliveriesApplied > applied })
+            #expect(try await b.catalog.tenantSnapshot("acme").value?.version == 1)
+            await replicas.clock.advance(by: .seconds(1))
             #expect(try await b.catalog.tenantSnapshot("acme").value?.version == 2)
 
             // Cut off for good: the expiry bounds how long B serves an old version.
