@@ -65,7 +65,7 @@ public final class AsyncStateInvalidator: Sendable {
     public var invalidationsCoalesced: Int { state.withLock { $0.coalesced } }
 
     /// How many keyed messages for a family without a parser compared every entry's description
-    /// (see ``subscribe(_:to:)-3k9ow``), for tests.
+    /// (the `subscribe(_:to:)` that takes no parser), for tests.
     var keyScans: Int { state.withLock { $0.scans } }
 
     /// One subscribed state or family, held weakly.
