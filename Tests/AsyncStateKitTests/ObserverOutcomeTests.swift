@@ -40,10 +40,7 @@ final class FlightLedger: AsyncStateObserver {
         let clock = VirtualClock()
         let log = EventLog()
         let state = AsyncState<Int>(wrappedValue: 0, clock: clock, name: "s", observer: log)
-        let slow: @Sendable () async throws -> Int = {
-            try await clock.sleep(for: .seconds(10))
-            return 1
-        }
+        let slow = Source<Int>().operation(on: clock, delay: .seconds(10), value: 1)
         let caller = clock.task { try await state.value(slow) }
         await clock.advance(by: .zero)
         await state.set(5)
@@ -66,10 +63,7 @@ final class FlightLedger: AsyncStateObserver {
         let clock = VirtualClock()
         let log = EventLog()
         let state = AsyncState<Int>(wrappedValue: 0, clock: clock, name: "s", observer: log)
-        let operation: @Sendable () async throws -> Int = {
-            try await clock.sleep(for: .seconds(1))
-            return 1
-        }
+        let operation = Source<Int>().operation(on: clock, value: 1)
         let first = clock.task { try await state.value(operation) }
         await clock.advance(by: .zero)
         let second = clock.task { await state.refresh(operation) }
