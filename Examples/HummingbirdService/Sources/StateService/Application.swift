@@ -51,13 +51,13 @@ public func buildRouter(
         }
         guard let id = tenantID(context) else { return .badRequest(tenantIDRule) }
         let body = try await request.body.collect(upTo: maximumWriteBytes)  // 413 beyond it
-        guard let settings = try? JSONDecoder().decode([String: String].self, from: body) else {
+        guard let tenantSettings = try? JSONDecoder().decode([String: String].self, from: body) else {
             return .badRequest("the body is a JSON object of strings")
         }
-        if let problem = TenantConfig.validate(settings) { return .badRequest(problem) }
+        if let problem = TenantConfig.validate(tenantSettings) { return .badRequest(problem) }
         let written: (TenantConfig, Catalog.Announcement)
         do {
-            written = try await catalog.writeTenant(id, settings: settings)
+            written = try await catalog.writeTenant(id, settings: tenantSettings)
         } catch {
             context.logger.error("tenant write failed", metadata: ["tenant": "\(id)", "error": "\(error)"])
             return Response(status: .serviceUnavailable, headers: [.retryAfter: "1"])
