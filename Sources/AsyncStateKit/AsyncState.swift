@@ -236,11 +236,8 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///   - operation: Fetches the value. The state keeps it only while the fetch is in flight.
     @inlinable
     public nonisolated(nonsending) func fetch(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async {
-        if store.cell.freshValue(at: store.clock.now()) != nil {
-            if store.isObserved { store.observeHit() }
-            return
-        }
-        _ = try? await fetchFromStore(operation, retry: retry, servesStale: false)
+        if store.hit(\.value) != nil { return }
+        _ = try? await fetchFromStore(.fetch, operation, retry: retry)
     }
 
     /// Fetches even if the data is fresh, replacing a fetch in flight (whose result is discarded), and
@@ -250,7 +247,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///   - retry: The retry policy for this fetch; `nil` for the state's.
     ///   - operation: Fetches the value.
     public nonisolated(nonsending) func refresh(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async {
-        _ = try? await store.fetch(operation, mode: .always, policy: retry)
+        _ = try? await store.fetch(.refresh, policy: retry, operation)
     }
 
     /// Returns the value: at once when fresh, else from the fetch in flight or a new one.
@@ -277,11 +274,8 @@ public struct AsyncState<Value: Sendable>: Sendable {
         async throws -> Value
     {
         // The hit path is inlined into the caller (and specialized there): a lock and a clock read.
-        if let fresh = store.cell.freshValue(at: store.clock.now()) {
-            if store.isObserved { store.observeHit() }
-            return fresh
-        }
-        return try await fetchFromStore(operation, retry: retry, servesStale: true)
+        if let fresh = store.hit(\.value) { return fresh }
+        return try await fetchFromStore(.value, operation, retry: retry)
     }
 
     /// Answers like ``value(retry:_:)`` — at once when fresh (or stale under `staleWhileRevalidate`),
@@ -315,10 +309,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
     public nonisolated(nonsending) func snapshot(retry: RetryPolicy? = nil, _ operation: @escaping Operation)
         async throws -> AsyncSnapshot<Value>
     {
-        if let fresh = store.cell.freshSnapshot(at: store.clock.now()) {
-            if store.isObserved { store.observeHit() }
-            return fresh
-        }
+        if let fresh = store.hit(\.freshSnapshot) { return fresh }
         return try await snapshotFromStore(operation, retry: retry)
     }
 
@@ -341,21 +332,18 @@ public struct AsyncState<Value: Sendable>: Sendable {
         using context: Context, retry: RetryPolicy? = nil,
         _ operation: @escaping @Sendable (Context) async throws -> Value
     ) async throws -> AsyncSnapshot<Value> {
-        if let fresh = store.cell.freshSnapshot(at: store.clock.now()) {
-            if store.isObserved { store.observeHit() }
-            return fresh
-        }
+        if let fresh = store.hit(\.freshSnapshot) { return fresh }
         return try await snapshotFromStore({ try await operation(context) }, retry: retry)
     }
 
     /// The miss path of ``snapshot(retry:_:)``: the latest snapshot once the store has answered.
-    /// Specialized in the caller's module, never inlined into it (as ``fetchFromStore(_:retry:servesStale:)``).
+    /// Specialized in the caller's module, never inlined into it (as ``fetchFromStore(_:_:retry:)``).
     @inlinable @inline(never)
     nonisolated(nonsending) func snapshotFromStore(_ operation: @escaping Operation, retry: RetryPolicy?)
         async throws -> AsyncSnapshot<Value>
     {
         do {
-            _ = try await fetchFromStore(operation, retry: retry, servesStale: true)
+            _ = try await fetchFromStore(.value, operation, retry: retry)
         } catch {
             try rethrowIfNotInPhase(error)
         }
@@ -384,11 +372,8 @@ public struct AsyncState<Value: Sendable>: Sendable {
         using context: Context, retry: RetryPolicy? = nil,
         _ operation: @escaping @Sendable (Context) async throws -> Value
     ) async throws -> Value {
-        if let fresh = store.cell.freshValue(at: store.clock.now()) {
-            if store.isObserved { store.observeHit() }
-            return fresh
-        }
-        return try await fetchFromStore({ try await operation(context) }, retry: retry, servesStale: true)
+        if let fresh = store.hit(\.value) { return fresh }
+        return try await fetchFromStore(.value, { try await operation(context) }, retry: retry)
     }
 
     /// Fetches unless the data is fresh, like ``fetch(retry:_:)``, passing `context` to an operation
@@ -404,22 +389,18 @@ public struct AsyncState<Value: Sendable>: Sendable {
         using context: Context, retry: RetryPolicy? = nil,
         _ operation: @escaping @Sendable (Context) async throws -> Value
     ) async {
-        if store.cell.freshValue(at: store.clock.now()) != nil {
-            if store.isObserved { store.observeHit() }
-            return
-        }
-        _ = try? await fetchFromStore({ try await operation(context) }, retry: retry, servesStale: false)
+        if store.hit(\.value) != nil { return }
+        _ = try? await fetchFromStore(.fetch, { try await operation(context) }, retry: retry)
     }
 
-    /// The miss path of ``value(retry:_:)`` and ``fetch(retry:_:)``: asks the store.
-    /// `servesStale`: whether stale data may be answered at once (with `staleWhileRevalidate`).
+    /// The miss path of ``value(retry:_:)`` and ``fetch(retry:_:)``: asks the store for `request`.
     /// Inlinable, so that it is specialized for the caller's `Value` (a cold caller then looks up no
     /// generic metadata), but never inlined: the hit path it follows stays small.
     @inlinable @inline(never)
     nonisolated(nonsending) func fetchFromStore(
-        _ operation: @escaping Operation, retry: RetryPolicy?, servesStale: Bool
+        _ request: FetchRequest, _ operation: @escaping Operation, retry: RetryPolicy?
     ) async throws -> Value {
-        try await store.fetch(operation, mode: servesStale ? store.servingMode : .ifExpired, policy: retry)
+        try await store.fetch(request, policy: retry, operation)
     }
 
     /// Re-runs the fetch when the phase is ``AsyncPhase/failure(_:)`` or ``AsyncPhase/empty`` — with
@@ -480,10 +461,10 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ) async throws {
         guard interval > .zero else { throw AsyncStateError.invalidInterval(interval) }
         let interval = interval.clampedToLimits
-        var mode = AsyncStateStore<Value>.Machine.FetchMode.ifExpired
+        var first = true
         while !Task.isCancelled {
-            _ = try? await store.fetch(operation, mode: mode, policy: retry, reason: .periodic)
-            mode = .joinOrStart
+            _ = try? await store.fetch(.periodic(first: first), policy: retry, operation)
+            first = false
             do {
                 try await store.clock.sleep(store.clock.now().saturatingAdd(interval))
             } catch {

@@ -6,7 +6,7 @@ import Testing
 /// Drives `FetchStateMachine` directly: events in, actions out, no clock, no tasks.
 @Suite struct FetchStateMachineTests {
     /// Operations are plain labels here: the machine only carries them.
-    typealias Machine = FetchStateMachine<[Int], String>
+    typealias Machine = FetchStateMachine<[Int], String, Never>
 
     static let expiry = Duration.seconds(10)
     static let timeout = Duration.seconds(5)
@@ -103,9 +103,9 @@ import Testing
                 switch action {
                 case .drop: return "drop"
                 case .retry: return "retry"
-                case .start(let attempt): return "start(\(attempt.operation))"
-                case .settle(let waiters, .success(let value)): return "settle(\(waiters.count), \(value))"
-                case .settle(let waiters, .failure(let error)):
+                case .start(let attempt, _): return "start(\(attempt.operation))"
+                case .settle(let waiters, .success(let value), _, _): return "settle(\(waiters.count), \(value))"
+                case .settle(let waiters, .failure(let error), _, _):
                     return "settle(\(waiters.count), \(Self.name(of: error)))"
                 }
             }
@@ -115,7 +115,7 @@ import Testing
             func describe(_ ended: Machine.EndedFlight) -> String {
                 switch ended {
                 case .none: return "none"
-                case .end(let waiters): return "end(\(waiters.count))"
+                case .end(let waiters, _): return "end(\(waiters.count))"
                 }
             }
             func describe(_ action: Machine.FetchAction) -> String {
@@ -125,8 +125,8 @@ import Testing
                     return "stale(\(value))+start(\(attempt.operation))"
                 case .fail(let error): return "fail(\(Self.name(of: error)))"
                 case .join: return "join"
-                case .start(let attempt, false): return "start(\(attempt.operation))"
-                case .start(let attempt, true): return "start(\(attempt.operation))+replace"
+                case .start(let attempt, nil): return "start(\(attempt.operation))"
+                case .start(let attempt, _?): return "start(\(attempt.operation))+replace"
                 }
             }
             switch self {
@@ -144,7 +144,7 @@ import Testing
                     machine.fetch(waiter: 100, mode: .ifExpired, now: now, operation: "new", callerAttempts: [attempt]))
             case .retry, .retryNow:
                 switch machine.retry(waiter: 100, operation: self == .retry ? "new" : nil, now: now) {
-                case .start(let attempt): return "start(\(attempt.operation))"
+                case .start(let attempt, _): return "start(\(attempt.operation))"
                 case .ignore: return "ignore"
                 }
             case .succeed: return finish(.success([7]))
@@ -475,7 +475,7 @@ import Testing
         #expect(machine.phase.isLoading)
         guard case .none = machine.waiterCancelled(1) else { throw Failure("a waiter cannot leave twice") }
         guard
-            case .settle(let waiters, .success([3])) = machine.attemptFinished(
+            case .settle(let waiters, .success([3]), _, _) = machine.attemptFinished(
                 attempt.flight, attempt: attempt.id, outcome: .success([3]), now: .zero, date: Self.date(.zero))
         else { throw Failure("expected the flight to settle for the remaining waiter") }
         #expect(waiters == [2])
@@ -483,15 +483,15 @@ import Testing
 
     @Test func refreshHandsTheOldFlightsWaitersToTheNewOne() throws {
         var machine = Self.makeMachine()
-        guard case .start(let first, false) = machine.fetch(waiter: 1, mode: .ifExpired, now: .zero, operation: "a"),
-            case .start(let second, true) = machine.fetch(waiter: 2, mode: .always, now: .zero, operation: "b")
+        guard case .start(let first, nil) = machine.fetch(waiter: 1, mode: .ifExpired, now: .zero, operation: "a"),
+            case .start(let second, _?) = machine.fetch(waiter: 2, mode: .always, now: .zero, operation: "b")
         else { throw Failure("expected start, then start replacing the first") }
         guard
             case .drop = machine.attemptFinished(
                 first.flight, attempt: first.id, outcome: .success([1]), now: .zero, date: Self.date(.zero))
         else { throw Failure("the replaced flight's result must be dropped") }
         guard
-            case .settle(let waiters, .success([2])) = machine.attemptFinished(
+            case .settle(let waiters, .success([2]), _, _) = machine.attemptFinished(
                 second.flight, attempt: second.id, outcome: .success([2]), now: .zero, date: Self.date(.zero))
         else { throw Failure("expected the new flight to settle") }
         #expect(waiters == [1, 2])
@@ -527,7 +527,7 @@ import Testing
         guard case .ignore = machine.retry(waiter: 2, operation: nil, now: .zero) else {
             throw Failure("retry without an operation after the flight must be ignored")
         }
-        guard case .start(let retried) = machine.retry(waiter: 3, operation: "b", now: .zero) else {
+        guard case .start(let retried, _) = machine.retry(waiter: 3, operation: "b", now: .zero) else {
             throw Failure("retry with an operation after a failure must start")
         }
         #expect(retried.operation == "b")
@@ -559,7 +559,7 @@ import Testing
                     waiter: UInt64(n), mode: .ifExpired, now: .zero, operation: "a")
             else { throw Failure("expected a start") }
             guard
-                case .settle(_, .failure(AsyncStateError.timedOut)) = machine.attemptTimedOut(
+                case .settle(_, .failure(AsyncStateError.timedOut), _, _) = machine.attemptTimedOut(
                     attempt.flight, attempt: attempt.id, now: Self.timeout)
             else { throw Failure("expected the flight to time out") }
             abandoned.append(attempt)
@@ -595,7 +595,7 @@ import Testing
         else { throw Failure("expected a start") }
         // Its own timeout makes the limit: the retry it would have earned does not start.
         guard
-            case .settle(_, .failure(AsyncStateError.timedOut)) = machine.attemptTimedOut(
+            case .settle(_, .failure(AsyncStateError.timedOut), _, _) = machine.attemptTimedOut(
                 attempt.flight, attempt: attempt.id, now: Self.timeout)
         else { throw Failure("expected the flight to settle instead of retrying") }
     }

@@ -352,7 +352,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         // The hit path is inlined into the caller (and specialized there): a clock read, the shard's
         // lock and, under it, the entry's.
         if let fresh = core.freshValue(of: key, at: core.clock.now()) { return fresh }
-        return try await fetchFromStore(key, servesStale: true, retry: retry, operation)
+        return try await fetchFromStore(key, .value, retry: retry, operation)
     }
 
     /// Returns `key`'s value like ``value(for:retry:_:)``, passing `context` to an operation that
@@ -379,7 +379,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         _ operation: @escaping @Sendable (Key, Context) async throws -> Value
     ) async throws -> Value {
         if let fresh = core.freshValue(of: key, at: core.clock.now()) { return fresh }
-        return try await fetchFromStore(key, servesStale: true, retry: retry) { try await operation($0, context) }
+        return try await fetchFromStore(key, .value, retry: retry) { try await operation($0, context) }
     }
 
     /// Answers like ``value(for:retry:_:)`` but returns `key`'s value with its metadata in one
@@ -436,7 +436,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ) async throws -> AsyncSnapshot<Value?> {
         try await core.using(key) { store in
             do {
-                _ = try await fetch(key, from: store, mode: store.servingMode, retry: retry, operation)
+                _ = try await fetch(key, from: store, .value, retry: retry, operation)
             } catch {
                 try rethrowIfNotInPhase(error)
             }
@@ -449,12 +449,9 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// ``AsyncState``'s), but never inlined into it, so that the hit path stays small.
     @inlinable @inline(never)
     nonisolated(nonsending) func fetchFromStore(
-        _ key: Key, servesStale: Bool, retry: RetryPolicy?, _ operation: @escaping Operation
+        _ key: Key, _ request: FetchRequest, retry: RetryPolicy?, _ operation: @escaping Operation
     ) async throws -> Value {
-        try await core.using(key) { store in
-            try await fetch(
-                key, from: store, mode: servesStale ? store.servingMode : .ifExpired, retry: retry, operation)
-        }
+        try await core.using(key) { store in try await fetch(key, from: store, request, retry: retry, operation) }
     }
 
     /// Fetches `key` unless it is fresh, like ``AsyncState/fetch(retry:_:)``; never throws (the outcome
@@ -464,7 +461,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
     ) async {
         if core.freshValue(of: key, at: core.clock.now()) != nil { return }
-        _ = try? await fetchFromStore(key, servesStale: false, retry: retry, operation)
+        _ = try? await fetchFromStore(key, .fetch, retry: retry, operation)
     }
 
     /// Fetches `key` now, fresh or not, like ``AsyncState/refresh(retry:_:)``.
@@ -472,7 +469,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
     ) async {
         await core.using(key) { store in
-            _ = try? await fetch(key, from: store, mode: .always, retry: retry, operation)
+            _ = try? await fetch(key, from: store, .refresh, retry: retry, operation)
         }
     }
 
@@ -525,16 +522,12 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
             }
             let store = core.pin(key)
             pinned.append(key)
-            let mode: AsyncStateStore<Value?>.Machine.FetchMode =
-                store.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
             do {
                 let attempt: UInt64?
-                switch try store.enter({ try await batch.value(for: key) }, mode: mode, policy: retry) {
-                case .value(let value?, let didStart):
-                    results[key] = .success(value)
+                switch try store.enter(.value, policy: retry, { try await batch.value(for: key) }) {
+                case .value(let value, let didStart):
+                    results[key] = .success(Self.answered(value))
                     attempt = didStart  // a background refresh (stale or ahead)
-                case .value(nil, _):
-                    preconditionFailure("a family's entry answered without a value")
                 case .wait(let waiter, let didStart):
                     waiting.append((key, store, waiter))
                     attempt = didStart
@@ -551,10 +544,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         if !started.isEmpty { batch.start(started, attempts: attempts, executor: core.clock.executor) }
         for (key, store, waiter) in waiting {
             do {
-                guard let value = try await store.wait(waiter) else {
-                    preconditionFailure("a family's entry answered without a value")
-                }
-                results[key] = .success(value)
+                results[key] = .success(Self.answered(try await store.wait(waiter)))
             } catch {
                 results[key] = .failure(error)
             }
@@ -562,13 +552,20 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         return results
     }
 
-    /// The miss path: waits for `key`'s store to answer.
+    /// The miss path: waits for `key`'s store to answer `request`.
     @inlinable
     nonisolated(nonsending) func fetch(
-        _ key: Key, from store: AsyncStateStore<Value?>, mode: AsyncStateStore<Value?>.Machine.FetchMode,
-        retry: RetryPolicy?, _ operation: @escaping Operation
+        _ key: Key, from store: AsyncStateStore<Value?>, _ request: FetchRequest, retry: RetryPolicy?,
+        _ operation: @escaping Operation
     ) async throws -> Value {
-        let value = try await store.fetch({ try await operation(key) }, mode: mode, policy: retry)
+        Self.answered(try await store.fetch(request, policy: retry, { try await operation(key) }))
+    }
+
+    /// A value a key's store answered with. A store answers with a value only after a success or a
+    /// write (``StateData/hasValue``), and a family's operations and writes give a `Value`, never
+    /// `nil`: the entry's `Value?` is `nil` only before its first value, which no answer carries.
+    @inlinable
+    static func answered(_ value: Value?) -> Value {
         guard let value else { preconditionFailure("a family's entry answered without a value") }
         return value
     }
@@ -593,8 +590,8 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         for node in core.entries {
             let saved: (value: Value?, isEmpty: Bool, lastSuccess: Date?)?
             switch node.entry {
-            case .compact(let settled):
-                saved = (settled.value, settled.phase.kind == .empty, settled.lastSuccess)
+            case .compact(let data):
+                saved = data.archived
             case .live(let store):
                 saved = store.archived
             }

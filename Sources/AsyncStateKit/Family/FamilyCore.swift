@@ -5,7 +5,7 @@ import Synchronization
 ///
 /// Each key has its own store while it is used (the same as an ``AsyncState``'s, with `Value?` so
 /// that a key has no value before its first fetch), made with the family's configuration and clock,
-/// and a compact record of its settled data while nobody uses it (see ``FamilyShard``). A key belongs
+/// and its data at rest, packed, while nobody uses it (see ``FamilyShard``). A key belongs
 /// to one shard, chosen by its hash; each shard has its own lock and eviction policy. The capacity
 /// and the maximum weight are the family's, not a shard's: the entries are counted by an atomic
 /// count, and weighed by a ``WeightLedger``, across shards. A write or the end of a use that takes
@@ -29,7 +29,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @usableFromInline let shardMask: Int
     let configuration: StoreConfiguration<Value?>
     @usableFromInline let clock: StoreClock
-    /// How long a hit is answered from the shard: the expiry, or the refresh-ahead age.
+    /// How long a hit is answered from the shard (see ``StoreConfiguration/hitWindow``).
     @usableFromInline let hitWindow: Duration
     /// How long data stays fresh (for snapshots).
     @usableFromInline let expiry: Duration
@@ -83,7 +83,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         self.capacity = capacity
         self.idleExpiry = idleExpiry
         self.configuration = configuration
-        hitWindow = configuration.refreshAfter ?? configuration.expiry
+        hitWindow = configuration.hitWindow
         expiry = configuration.expiry
         self.clock = clock
         self.onRemoval = onRemoval
@@ -138,23 +138,28 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     // MARK: Hits
 
-    /// `key`'s value if it has an entry with fresh data (not due for a refresh ahead); records an
-    /// access at `now` if it has an entry.
-    @inlinable
-    func freshValue(of key: Key, at now: Duration) -> Value? {
+    /// The hit path of every read of the family that answers fresh data at once (`value(for:)`,
+    /// `fetch(for:)`, `snapshot(for:)`, a batch's keys): `read` on `key`'s shard, under its lock, with
+    /// the key's hash (one of the shard's hits, see ``FamilyShard/hit(_:hash:at:hitWindow:live:compact:)``);
+    /// an answer is reported to the observer as a hit.
+    @inlinable @inline(__always)
+    func hit<Result>(_ key: Key, _ read: (inout Shard, Int) -> Result?) -> Result? {
         let hash = key.hashValue
-        let fresh = withHitShard(hash) { $0.freshValue(of: key, hash: hash, at: now, hitWindow: hitWindow) }
+        let fresh = withHitShard(hash) { read(&$0, hash) }
         if isObserved, fresh != nil { observeHit(of: key) }
         return fresh
     }
 
-    /// `key`'s snapshot if it has an entry with fresh data, as ``freshValue(of:at:)``.
+    /// `key`'s value if it has an entry with fresh data at `now` (see ``hit(_:_:)``).
+    @inlinable
+    func freshValue(of key: Key, at now: Duration) -> Value? {
+        hit(key) { $0.freshValue(of: key, hash: $1, at: now, hitWindow: hitWindow) }
+    }
+
+    /// `key`'s snapshot if it has an entry with fresh data at `now` (see ``hit(_:_:)``).
     @inlinable
     func freshSnapshot(of key: Key, at now: Duration) -> AsyncSnapshot<Value?>? {
-        let hash = key.hashValue
-        let fresh = withHitShard(hash) { $0.freshSnapshot(of: key, hash: hash, at: now, hitWindow: hitWindow) }
-        if isObserved, fresh != nil { observeHit(of: key) }
-        return fresh
+        hit(key) { $0.freshSnapshot(of: key, hash: $1, at: now, hitWindow: hitWindow, expiry: expiry) }
     }
 
     /// Runs `body` on the shard of a key whose hash is `hash`, under the shard's lock: the hit paths'

@@ -38,19 +38,19 @@ public import Foundation
 /// hit on it reads the shard alone. Pinning a compact entry makes its store again, in the state it
 /// had, so every per-key behaviour is the store's.
 ///
-/// The hit path (``freshValue(of:hash:at:hitWindow:)``) is inlinable, so that it is specialized for the
+/// The hit path (``hit(_:hash:at:hitWindow:live:compact:)``) is inlinable, so that it is specialized for the
 /// caller's key and value types: unspecialized, every step would look up generic metadata.
 @usableFromInline
 struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     @usableFromInline typealias Store = AsyncStateStore<Value?>
-    @usableFromInline typealias Machine = Store.Machine
-    @usableFromInline typealias Settled = Machine.Settled
+    /// A key's data: what a compact entry is, packed (see ``Metadata``).
+    @usableFromInline typealias Data = StateData<Value?>
 
     /// What an entry holds (see ``entry(at:)``).
     @usableFromInline
     enum Entry {
-        /// Settled data, nobody using it.
-        case compact(Settled)
+        /// Data at rest, nobody using it.
+        case compact(Data)
         /// Its store.
         case live(Store)
     }
@@ -115,7 +115,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// What a compact entry keeps besides its value and freshness (read off the hit path): the rest
-    /// of its ``Settled`` state. Its optionals are kept as values with a sentinel for "none": as
+    /// of its ``StateData``, which is at rest (so its failure fields are empty, and whether its value
+    /// is empty is what its phase says). Its optionals are kept as values with a sentinel for "none": as
     /// optionals, each would take a byte more, and with alignment eight (112 bytes in all, not 136).
     @usableFromInline
     struct Metadata {
@@ -125,16 +126,14 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         @usableFromInline var lastSuccessSeconds: Double
         @usableFromInline var successCount: Int
         /// ``restoredUntil``, ``Record/notFresh`` for none.
-        var restoredUntilInstant: Duration
+        @usableFromInline var restoredUntilInstant: Duration
 
-        init(
-            phase: AsyncPhase, lastError: (any Error)?, lastSuccess: Date?, successCount: Int, restoredUntil: Duration?
-        ) {
-            self.phase = phase
-            self.lastError = lastError
-            lastSuccessSeconds = lastSuccess?.timeIntervalSinceReferenceDate ?? .nan
-            self.successCount = successCount
-            restoredUntilInstant = restoredUntil ?? Record.notFresh
+        init(_ data: Data) {
+            phase = data.phase
+            lastError = data.lastError
+            lastSuccessSeconds = data.lastSuccess?.timeIntervalSinceReferenceDate ?? .nan
+            successCount = data.successCount
+            restoredUntilInstant = data.restoredUntil ?? Record.notFresh
         }
 
         /// The wall date of the entry's last success, if any.
@@ -143,7 +142,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
             lastSuccessSeconds.isNaN ? nil : Date(timeIntervalSinceReferenceDate: lastSuccessSeconds)
         }
 
-        /// See ``FetchStateMachine/restoredUntil``.
+        /// See ``StateData/restoredUntil``.
+        @inlinable
         var restoredUntil: Duration? {
             restoredUntilInstant.attoseconds == Record.notFresh.attoseconds ? nil : restoredUntilInstant
         }
@@ -215,7 +215,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// How an entry is weighed, and the family's total weight; `nil` without a maximum weight.
     let weigher: (@Sendable (Key, Value) -> Int)?
     let ledger: WeightLedger?
-    /// The family's policies: what a compact entry's machine is restored with (see ``settle(_:_:)``).
+    /// The family's policies: the emptiness test and expiry of a compact entry's writes and
+    /// invalidations (see ``settle(_:_:)``).
     let configuration: StoreConfiguration<Value?>
 
     init(
@@ -295,43 +296,56 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     // MARK: Hits
 
-    /// The hit path: if `key` has an entry, records the access at `now` and returns its value if it
-    /// is fresh and was not fresh for `hitWindow` or longer (the refresh-ahead age, or the expiry).
-    /// A live entry is read without being retained.
+    /// The hit path of every read of a family that answers fresh data at once: if `key` has an entry,
+    /// records the access at `now`; then, if its data is fresh and was not fresh for `hitWindow` or
+    /// longer (see ``StoreConfiguration/hitWindow``), returns `live` of a live entry's published
+    /// contents, or `compact` of the shard and the compact entry's position. A live entry is read
+    /// without being retained.
+    @inlinable @inline(__always)
+    mutating func hit<Result>(
+        _ key: Key, hash: Int, at now: Duration, hitWindow: Duration,
+        live: (SnapshotCell<Value?>.Contents) -> Result, compact: (Self, Int) -> Result
+    ) -> Result? {
+        guard let position = position(of: key, hash: hash) else { return nil }
+        hit(records[position].slot, hash: hash, at: now)
+        let live = records.withUnsafeBufferPointer { records in
+            records[position].store.map { $0.cell.read(ifFreshAt: now, live) }
+        }
+        if let live { return live }
+        guard isWithinExpiry(since: records[position].freshness, at: now, expiry: hitWindow) else { return nil }
+        return compact(self, position)
+    }
+
+    /// `key`'s value if its data is fresh at `now` and within `hitWindow` (see ``hit(_:hash:at:hitWindow:live:compact:)``).
     @inlinable
     mutating func freshValue(of key: Key, hash: Int, at now: Duration, hitWindow: Duration) -> Value? {
-        guard let position = position(of: key, hash: hash) else { return nil }
-        hit(records[position].slot, hash: hash, at: now)
-        return records.withUnsafeBufferPointer { records in
-            if let store = records[position].store { return store.cell.freshValue(at: now) ?? nil }
-            return isWithinExpiry(since: records[position].freshness, at: now, expiry: hitWindow)
-                ? records[position].value : nil
-        }
+        hit(key, hash: hash, at: now, hitWindow: hitWindow, live: \.value, compact: { $0.compactValue(at: $1) }) ?? nil
     }
 
-    /// The snapshot of `key`'s entry if its data is fresh at `now` (as ``freshValue(of:hash:at:hitWindow:)``,
-    /// recording the access), read under this shard's lock. Inlinable, as that is: unspecialized, a
-    /// hit took over a microsecond, most of it looking up generic metadata.
+    /// `key`'s snapshot if its data is fresh at `now` and within `hitWindow`, for data that stays fresh
+    /// for `expiry` (see ``hit(_:hash:at:hitWindow:live:compact:)``).
     @inlinable
-    mutating func freshSnapshot(of key: Key, hash: Int, at now: Duration, hitWindow: Duration)
+    mutating func freshSnapshot(of key: Key, hash: Int, at now: Duration, hitWindow: Duration, expiry: Duration)
         -> AsyncSnapshot<Value?>?
     {
-        guard let position = position(of: key, hash: hash) else { return nil }
-        hit(records[position].slot, hash: hash, at: now)
-        if let store = records[position].store { return store.cell.freshSnapshot(at: now) }
-        guard isWithinExpiry(since: records[position].freshness, at: now, expiry: hitWindow) else { return nil }
-        return compactSnapshot(at: position, isExpired: false)
+        hit(
+            key, hash: hash, at: now, hitWindow: hitWindow, live: \.freshSnapshot,
+            compact: { $0.compactData(at: $1).snapshot(at: now, expiry: expiry) })
     }
 
-    /// The snapshot of the compact entry whose record is at `position`: the one place a compact
-    /// entry's snapshot is made (a hit's, a read's, every entry's), as its store's would be.
+    /// The value of the compact entry whose record is at `position`.
     @inlinable
-    func compactSnapshot(at position: Int, isExpired: Bool) -> AsyncSnapshot<Value?> {
+    func compactValue(at position: Int) -> Value? { records[position].value }
+
+    /// The data of the compact entry whose record is at `position`: the one place a compact entry is
+    /// unpacked (for a hit's snapshot, a read's, every entry's, a write's, a pin's).
+    @inlinable
+    func compactData(at position: Int) -> Data {
         let metadata = metadata[Int(records[position].slot)]!
-        return AsyncSnapshot(
-            value: records[position].value, phase: metadata.phase, isExpired: isExpired,
+        return Data(
+            atRest: records[position].value, phase: metadata.phase, freshSince: records[position].freshness,
             lastError: metadata.lastError, lastSuccess: metadata.lastSuccess, successCount: metadata.successCount,
-            hasValue: true)
+            restoredUntil: metadata.restoredUntil)
     }
 
     // MARK: Reads that are not uses
@@ -359,8 +373,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     @inlinable
     func snapshot(at position: Int, now: Duration, expiry: Duration) -> AsyncSnapshot<Value?> {
         if let store = records[position].store { return store.cell.snapshot(at: now) }
-        return compactSnapshot(
-            at: position, isExpired: !isWithinExpiry(since: records[position].freshness, at: now, expiry: expiry))
+        return compactData(at: position).snapshot(at: now, expiry: expiry)
     }
 
     /// Calls `body` with every entry's key and snapshot at `now` (see ``snapshot(at:now:expiry:)``).
@@ -413,14 +426,9 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     /// The entry at `slot`.
     func entry(at slot: Int) -> Entry {
-        let record = records[at(slot)]
-        if let store = record.store { return .live(store) }
-        let metadata = metadata[slot]!
-        return .compact(
-            Settled(
-                value: record.value, phase: metadata.phase, freshSince: record.freshness,
-                lastError: metadata.lastError, lastSuccess: metadata.lastSuccess, successCount: metadata.successCount,
-                restoredUntil: metadata.restoredUntil))
+        let position = at(slot)
+        if let store = records[position].store { return .live(store) }
+        return .compact(compactData(at: position))
     }
 
     /// The latest value of the entry at `slot`.
@@ -443,15 +451,13 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         metadata[slot] = nil
     }
 
-    /// Makes the entry at `slot` compact with `settled`.
-    private mutating func makeCompact(_ slot: Int, _ settled: Settled) {
+    /// Makes the entry at `slot` compact with `data`, which is at rest: packs it.
+    private mutating func makeCompact(_ slot: Int, _ data: Data) {
         let position = at(slot)
         records[position].store = nil
-        records[position].value = settled.value
-        records[position].freshness = settled.freshSince
-        metadata[slot] = Metadata(
-            phase: settled.phase, lastError: settled.lastError, lastSuccess: settled.lastSuccess,
-            successCount: settled.successCount, restoredUntil: settled.restoredUntil)
+        records[position].value = data.value
+        records[position].freshness = data.freshSince
+        metadata[slot] = Metadata(data)
     }
 
     // MARK: Using an entry
@@ -460,7 +466,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// key, restored with `restore` from a compact entry. The access at `now` makes the entry the
     /// most recently used. Returns whether the key's entry is new.
     mutating func pin(
-        _ key: Key, at now: Duration, make: () -> Store, restore: (Settled) -> Store
+        _ key: Key, at now: Duration, make: () -> Store, restore: (Data) -> Store
     ) -> (store: Store, inserted: Bool) {
         let hash = key.hashValue
         if let slot = slot(of: key, hash: hash) {
@@ -468,7 +474,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
             let i = Int(slot)
             links[i].users += 1
             if let store = records[at(i)].store { return (store, false) }
-            let store = restore(entry(at: i).settled!)
+            let store = restore(compactData(at: at(i)))
             makeLive(i, store)
             return (store, false)
         }
@@ -479,15 +485,15 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         return (store, true)
     }
 
-    /// A caller is done with `key`'s store: if nobody else uses it and its state is settled, the
-    /// entry becomes compact.
+    /// A caller is done with `key`'s store: if nobody else uses it and its store may rest (see
+    /// ``AsyncStateStore/restingData``), the entry becomes compact.
     mutating func unpin(_ key: Key) {
         guard let slot = slot(of: key) else { return }  // removed meanwhile
         let i = Int(slot)
         links[i].users -= 1
         weigh(i)
-        guard links[i].users == 0, let store = records[at(i)].store, let settled = store.settledState else { return }
-        makeCompact(i, settled)
+        guard links[i].users == 0, let store = records[at(i)].store, let data = store.restingData else { return }
+        makeCompact(i, data)
     }
 
     /// Weighs the entry at `slot` again (its value may have changed). Without a weigher, nothing.
@@ -508,17 +514,17 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     /// Writes `value` if `key` has no entry or a compact one that nobody uses: returns `done`,
     /// whether it made the entry, and the value it replaced. Otherwise returns `done == false` and
-    /// changes nothing (the caller sets through the store). The write is the machine's own
-    /// (``FetchStateMachine/set(_:now:date:)`` on the entry's settled state; see ``settle(_:_:)``).
+    /// changes nothing (the caller sets through the store). The write is the data's own
+    /// (``StateData/set(_:isEmpty:now:date:)``, as a store's; see ``settle(_:_:)``).
     mutating func setIfCompact(_ value: Value, for key: Key, at now: Duration, date: Date) -> (
         done: Bool, inserted: Bool, replaced: Value?
     ) {
         let hash = key.hashValue
         guard let slot = slot(of: key, hash: hash) else {
             let slot = Int(allocate(key, hash: hash, at: now))
-            var machine = Machine(initialValue: nil, configuration: configuration)
-            _ = machine.set(value, now: now, date: date)
-            makeCompact(slot, machine.settled!)
+            var data = Data(initialValue: nil)
+            data.set(value, isEmpty: configuration.isEmpty(value), now: now, date: date)
+            makeCompact(slot, data)
             weigh(slot)
             return (true, true, nil)
         }
@@ -526,21 +532,22 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         let position = at(i)
         guard links[i].users == 0, records[position].store == nil else { return (false, false, nil) }
         let replaced = records[position].value
-        settle(i) { _ = $0.set(value, now: now, date: date) }
+        let isEmpty = configuration.isEmpty(value)
+        settle(i) { $0.set(value, isEmpty: isEmpty, now: now, date: date) }
         weigh(i)
         touch(slot, at: now)
         return (true, false, replaced)
     }
 
-    /// Marks `key`'s compact data expired, as the machine's
-    /// ``FetchStateMachine/invalidate(now:)`` does (on the entry's settled state), and returns
+    /// Marks `key`'s compact data expired (``StateData/invalidate(now:expiry:)``, as a store's), and returns
     /// `.compact`; returns a live entry's store instead (for the caller to invalidate); `nil` without
     /// an entry.
     mutating func invalidateIfCompact(_ key: Key, at now: Duration) -> Entry? {
         guard let slot = slot(of: key) else { return nil }
         let position = at(Int(slot))
         if let store = records[position].store { return .live(store) }
-        settle(Int(slot)) { _ = $0.invalidate(now: now) }
+        let expiry = configuration.expiry
+        settle(Int(slot)) { _ = $0.invalidate(now: now, expiry: expiry) }
         return entry(at: Int(slot))
     }
 
@@ -555,27 +562,27 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         compact: inout [Key], live: inout [Store]
     ) rethrows -> Int? {
         let end = min(links.count, start + budget)
+        let expiry = configuration.expiry
         for slot in start..<end where positions[slot] >= 0 {
             let position = at(slot)
             guard let key = records[position].key, try isIncluded(key) else { continue }
             if let store = records[position].store {
                 live.append(store)
             } else {
-                settle(slot) { _ = $0.invalidate(now: now) }
+                settle(slot) { _ = $0.invalidate(now: now, expiry: expiry) }
                 compact.append(key)
             }
         }
         return end < links.count ? end : nil
     }
 
-    /// Applies `event` to the compact entry at `slot` through the machine a store would restore from
-    /// it, and keeps what it settles to: so a compact entry follows the machine's rules, never a copy
-    /// of them. The event must leave the machine settled (a write, an invalidation).
-    private mutating func settle(_ slot: Int, _ event: (inout Machine) -> Void) {
-        var machine = Machine(
-            restoring: entry(at: slot).settled!, initialValue: nil, configuration: configuration)
-        event(&machine)
-        makeCompact(slot, machine.settled!)
+    /// Applies `change` to the data of the compact entry at `slot` and packs the result: a compact
+    /// entry changes by the data's own methods, as a store's machine does. The change must leave the
+    /// data at rest (a write, an invalidation).
+    private mutating func settle(_ slot: Int, _ change: (inout Data) -> Void) {
+        var data = compactData(at: at(slot))
+        change(&data)
+        makeCompact(slot, data)
     }
 
     /// The entry of `key`, if any (no access is recorded).
@@ -591,7 +598,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         var entry: Entry
         var value: Value? {
             switch entry {
-            case .compact(let settled): return settled.value
+            case .compact(let data): return data.value
             case .live(let store): return store.cell.value
             }
         }
@@ -978,11 +985,4 @@ enum Segment {
     @usableFromInline static let window: UInt8 = 0
     @usableFromInline static let probation: UInt8 = 1
     @usableFromInline static let protected: UInt8 = 2
-}
-
-extension FamilyShard.Entry {
-    /// The settled state of a compact entry.
-    var settled: FamilyShard.Settled? {
-        if case .compact(let settled) = self { return settled } else { return nil }
-    }
 }

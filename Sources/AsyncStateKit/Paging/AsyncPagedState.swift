@@ -57,9 +57,6 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
     let store: Store
     /// The most recent `maxPages`, or `nil` for every page.
     let maxPages: Int?
-    /// What the flight in flight (if any) reads: set when a flight starts, under the store's lock and
-    /// before its `loading` is published; only meaningful while the phase is `loading`.
-    let activityLock: LockedValue<Activity>
 
     /// Creates an empty paged state.
     ///
@@ -94,7 +91,6 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
             initialValue: AsyncPages(), configuration: configuration, clock: StoreClock(clock),
             observation: observer.map { Observation(name: name, key: nil, observer: $0) })
         self.maxPages = maxPages.map { max(1, $0) }
-        activityLock = LockedValue(.idle)
     }
 
     // MARK: Reading
@@ -111,9 +107,13 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
     /// The phase of the last read (first page, refresh or next page).
     public var phase: AsyncPhase { store.cell.phase }
 
-    /// What is being read now.
+    /// What is being read now: derived from why the flight in flight started, published with the
+    /// snapshot that says `loading`.
     public var activity: Activity {
-        activityLock.withLock { activity in store.cell.phase.isLoading ? activity : .idle }
+        store.cell.contents.withLock { contents in
+            guard let start = contents.flightStart else { return .idle }
+            return !start.hadValue ? .loadingFirstPage : start.reason == .loadMore ? .loadingMore : .refreshing
+        }
     }
 
     /// Whether there is more to read (see ``AsyncPages/hasMore``).
@@ -178,8 +178,7 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
         // check comes after this call.)
         if current.hasFirstPage, current.nextCursor == nil, !store.isBusy { return current }
         let maxPages = maxPages
-        let reason: AsyncStateEvent.Reason = current.hasFirstPage ? .loadMore : .fetch
-        return try await read(.append, retry: retry, reason: reason) { [weak store] in
+        return try await read(.loadMore, retry: retry) { [weak store] in
             // The list as the attempt starts: only a refresh, a read of an expired list or a reset
             // can change it before this result lands, and each of them ends this flight (its result
             // is dropped).
@@ -229,18 +228,15 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
     nonisolated(nonsending) func list(retry: RetryPolicy?, _ operation: @escaping Operation) async throws
         -> AsyncPages<Item, Cursor>
     {
-        if let fresh = store.cell.freshValue(at: store.clock.now()) {
-            if store.isObserved { store.observeHit() }
-            return fresh
-        }
-        return try await read(.ifExpired, retry: retry, reason: nil, firstPage(operation))
+        if let fresh = store.hit(\.value) { return fresh }
+        return try await read(.value, retry: retry, firstPage(operation))
     }
 
     /// Reads from the first page again (see ``refresh(retry:_:)``), throwing what the read throws.
     nonisolated(nonsending) func reload(retry: RetryPolicy?, _ operation: @escaping Operation) async throws
         -> AsyncPages<Item, Cursor>
     {
-        try await read(.always, retry: retry, reason: nil, firstPage(operation))
+        try await read(.refresh, retry: retry, firstPage(operation))
     }
 
     /// The operation that reads the first page into a new list.
@@ -248,22 +244,11 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
         { AsyncPages(first: try await operation(nil)) }
     }
 
-    /// Asks the store as `mode` says, recording what a flight this call starts reads.
+    /// Asks the store for `request`.
     private nonisolated(nonsending) func read(
-        _ mode: Store.Machine.FetchMode, retry: RetryPolicy?, reason: AsyncStateEvent.Reason?,
-        _ operation: @escaping Store.Operation
+        _ request: FetchRequest, retry: RetryPolicy?, _ operation: @escaping Store.Operation
     ) async throws -> AsyncPages<Item, Cursor> {
-        try Task.checkCancellation()
-        let ticket = try store.enter(operation, mode: mode, policy: retry, reason: reason) { [store, activityLock] in
-            // Under the store's lock, before the flight's `loading` is published.
-            let started: Activity =
-                !store.cell.value.hasFirstPage ? .loadingFirstPage : mode == .append ? .loadingMore : .refreshing
-            activityLock.withLock { $0 = started }
-        }
-        switch ticket {
-        case .value(let list, _): return list
-        case .wait(let waiter, _): return try await store.wait(waiter)
-        }
+        try await store.fetch(request, policy: retry, operation)
     }
 }
 

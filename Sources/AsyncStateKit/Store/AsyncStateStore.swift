@@ -28,27 +28,21 @@ enum OperationContext {
 /// job the clock already counts (the store's own tasks prefer the clock's executor).
 ///
 /// Lock order: this store's lock, then its ``SnapshotCell``'s (to publish), never the reverse. The
-/// table of waiters is under this store's lock, beside the machine. A paged state's activity lock comes between them: its `onStart` hook takes it
-/// under this lock, and its `activity` getter reads the cell under it.
+/// table of waiters is under this store's lock, beside the machine.
 ///
-/// Lifetime: the store keeps an operation only inside the machine's flight, and its tasks only while
-/// that flight runs. Each task holds the store until it ends (so a state dropped mid-flight settles
+/// Lifetime: the store keeps an operation only inside the machine's flight, and its tasks (as the
+/// flight's handles) only while that flight runs. Each task holds the store until it ends (so a state dropped mid-flight settles
 /// and is then freed); nothing outlives the flight except an attempt abandoned by its timeout, which
 /// holds the store until its operation returns.
 @usableFromInline
 final class AsyncStateStore<Value: Sendable>: Sendable {
     @usableFromInline typealias Operation = @Sendable () async throws -> Value
-    @usableFromInline typealias Machine = FetchStateMachine<Value, Operation>
+    @usableFromInline typealias Machine = FetchStateMachine<Value, Operation, Task<Void, Never>>
 
     /// What synchronous readers and `updates` see.
     @usableFromInline let cell: SnapshotCell<Value>
     /// The injected clock.
     @usableFromInline let clock: StoreClock
-    /// Whether `value` serves stale data at once and refreshes it in the background.
-    @usableFromInline let staleWhileRevalidate: Bool
-    /// How `value` (and `snapshot(retry:_:)`) fetch: serving stale data at once under
-    /// stale-while-revalidate, else only fresh data.
-    @inlinable var servingMode: Machine.FetchMode { staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired }
     /// The observer and what the state reports as; `nil` without an observer. Kept in ``events``
     /// only: a state without an observer pays one reference for the feature, not the observation.
     var observation: Observation? { events?.observation }
@@ -57,20 +51,15 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// Delivers the observer's events in order (`nil` without an observer).
     @usableFromInline let events: EventQueue?
 
-    /// The machine and the tasks of its flight, behind the store's lock.
+    /// The machine and the table of waiters, behind the store's lock.
     @usableFromInline
     struct Core {
         @usableFromInline var machine: Machine
-        /// The flight's running attempt.
-        @usableFromInline var attemptTask: Task<Void, Never>?
-        /// The timer of the flight's timeout or backoff.
-        @usableFromInline var timerTask: Task<Void, Never>?
         /// The last waiter id handed out.
         @usableFromInline var lastWaiter: UInt64 = 0
-        /// When the flight in flight started, and how many attempts it has started (for observers).
-        @usableFromInline var flightStartedAt: Duration = .zero
-        @usableFromInline var attempts = 0
-        /// The callers waiting for a flight, by waiter id (see ``WaiterSlot``).
+        /// The callers waiting for a flight, by waiter id (see ``WaiterSlot``). Beside the machine, not
+        /// in its flight: an outcome may reach a waiter before it registers, and is kept here for it
+        /// after the flight has ended.
         @usableFromInline var waiterSlots: [UInt64: WaiterSlot] = [:]
 
         @usableFromInline
@@ -106,6 +95,13 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         @usableFromInline var events: [AsyncStateEvent.Kind] = []
 
         @inlinable init() {}
+
+        /// Cancels the tasks of `handles` once the lock is released.
+        @inlinable
+        mutating func cancel(_ handles: Machine.Handles) {
+            cancel(handles.attempt)
+            cancel(handles.timer)
+        }
 
         /// Cancels `task`, if any, once the lock is released.
         @inlinable
@@ -150,15 +146,14 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             clock: clock, observation: observation)
     }
 
-    /// Creates a store in the settled state `settled` (see ``FetchStateMachine/settled``).
+    /// Creates a store whose data is `data`, at rest (see ``FetchStateMachine/restingData``).
     convenience init(
-        restoring settled: Machine.Settled, initialValue: Value, configuration: StoreConfiguration<Value>,
+        restoring data: StateData<Value>, initialValue: Value, configuration: StoreConfiguration<Value>,
         clock: StoreClock, seed: UInt64, observation: Observation? = nil
     ) {
-        let machine = Machine(
-            restoring: settled, initialValue: initialValue, configuration: configuration, seed: seed)
+        let machine = Machine(restoring: data, initialValue: initialValue, configuration: configuration, seed: seed)
         self.init(machine, clock: clock, observation: observation)
-        cell.publish(machine.snapshot(at: clock.now()), freshSince: machine.freshSince)
+        publish(machine, at: clock.now())
     }
 
     /// Creates a store around `machine` (its cell starts at the machine's initial value).
@@ -167,16 +162,16 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         events = observation.map(EventQueue.init)
         self.clock = clock
         let configuration = machine.configuration
-        staleWhileRevalidate = configuration.staleWhileRevalidate
         cell = SnapshotCell(
-            value: machine.initialValue, expiry: configuration.expiry, refreshAfter: configuration.refreshAfter)
+            value: machine.initialValue, expiry: configuration.expiry, hitWindow: configuration.hitWindow)
         core = LockedValue(Core(machine: machine))
     }
 
-    /// The store's state if it is settled and nobody listens (no `updates` subscriber): what a family
-    /// keeps instead of the store for an entry nobody uses.
-    var settledState: Machine.Settled? {
-        core.withLock { core in cell.subscriberCount == 0 ? core.machine.settled : nil }
+    /// The store's data if it may rest: the machine may (``FetchStateMachine/restingData``) and
+    /// nobody listens (no `updates` subscriber). A family keeps only this for an entry nobody uses (it
+    /// asks only when no caller uses the entry).
+    var restingData: StateData<Value>? {
+        core.withLock { core in cell.subscriberCount == 0 ? core.machine.restingData : nil }
     }
 
     /// Runs an event under the lock, then performs what it left to do.
@@ -200,7 +195,19 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         if events != nil { effects.events.append(kind()) }
     }
 
-    /// A hit, for the observer (called by the hit paths, outside any lock, when ``isObserved``).
+    // MARK: Hits
+
+    /// The hit path of every read that answers fresh data at once (`value`, `fetch`, `snapshot`, a
+    /// paged state's `items`): `read` of the published contents if the data is fresh and within the
+    /// hit window, else `nil`; a hit is reported to the observer. One clock read and the cell's lock.
+    @inlinable @inline(__always)
+    func hit<Result>(_ read: (SnapshotCell<Value>.Contents) -> Result) -> Result? {
+        let fresh = cell.read(ifFreshAt: clock.now(), read)
+        if isObserved, fresh != nil { observeHit() }
+        return fresh
+    }
+
+    /// A hit, for the observer (called by ``hit(_:)``, outside any lock).
     @usableFromInline
     func observeHit() {
         observation?.deliver(.hit)
@@ -214,39 +221,32 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
 
     // MARK: Events from callers
 
-    /// Gets the value as `mode` says: an answer at once, or the outcome of the flight in flight or of
-    /// a new one running `operation` with `policy`.
+    /// Gets the value as `request` says: an answer at once, or the outcome of the flight in flight or
+    /// of a new one running `operation` with `policy`.
     @inlinable
-    func fetch(
-        _ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy? = nil,
-        reason: AsyncStateEvent.Reason? = nil
-    ) async throws -> Value {
+    func fetch(_ request: FetchRequest, policy: RetryPolicy? = nil, _ operation: @escaping Operation)
+        async throws -> Value
+    {
         try Task.checkCancellation()
-        switch try enter(operation, mode: mode, policy: policy, reason: reason) {
+        switch try enter(request, policy: policy, operation) {
         case .value(let value, _): return value
         case .wait(let waiter, _): return try await wait(waiter)
         }
     }
 
-    /// The synchronous half of ``fetch(_:mode:policy:)``: the machine decides, under the lock, whether
+    /// The synchronous half of ``fetch(_:policy:_:)``: the machine decides, under the lock, whether
     /// the caller gets an answer now or waits for a flight (which this call may have started). A
     /// ticket to wait on must be waited on (``wait(_:)``), or the flight keeps a waiter that never
     /// leaves, and the table its slot.
-    /// `reason`: why a flight this call starts started, for the observer (by default from `mode`).
-    /// `onStart`: called under the lock when this call starts a flight (not a background one), before
-    /// the flight's `loading` phase is published.
     @inlinable
-    func enter(
-        _ operation: @escaping Operation, mode: Machine.FetchMode, policy: RetryPolicy? = nil,
-        reason: AsyncStateEvent.Reason? = nil, onStart: (() -> Void)? = nil
-    ) throws -> Ticket {
+    func enter(_ request: FetchRequest, policy: RetryPolicy? = nil, _ operation: @escaping Operation) throws -> Ticket {
         let attempts = callerAttempts
         return try withCore { core, effects -> Ticket in
             let now = clock.now()
             let waiter = core.makeWaiter()
             var started: Machine.AttemptID?
             switch core.machine.fetch(
-                waiter: waiter, mode: mode, now: now, policy: policy, operation: operation,
+                waiter: waiter, request: request, now: now, policy: policy, operation: operation,
                 callerAttempts: attempts)
             {
             case .returnValue(let value, let stale):
@@ -254,17 +254,16 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
                 return .value(value, started: nil)
             case .returnValueAndStart(let value, let attempt, let stale):
                 record(stale ? .servedStale : .hit, in: &effects)
-                begin(attempt, reason: .background, at: now, in: &core, &effects)
+                start(attempt, at: now, in: &core, &effects)
                 return .value(value, started: attempt.id)
             case .fail(let error):
                 throw error
             case .join:
                 record(.joined, in: &effects)
-            case .start(let attempt, let replacing):
-                onStart?()
-                // The flight it replaces ends here: its outcome comes before the new one's start.
-                if replacing { endFlight(reporting: .cancelled, in: &core, &effects) }
-                begin(attempt, reason: reason ?? (mode == .always ? .refresh : .fetch), at: now, in: &core, &effects)
+            case .start(let attempt, let replaced):
+                // The flight it replaced ended here: its outcome comes before the new one's start.
+                if let replaced { ended(replaced, in: &effects) }
+                start(attempt, at: now, in: &core, &effects)
                 started = attempt.id
             }
             // Announced under the lock, so that an outcome arriving before the caller suspends is kept.
@@ -293,7 +292,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// Whether a flight is in flight (and so may have waiters): a family never evicts such an entry.
-    var isBusy: Bool { core.withLock { $0.machine.flight != nil } }
+    var isBusy: Bool { core.withLock { $0.machine.isFlying } }
 
     /// Retries (see ``FetchStateMachine/retry(waiter:operation:now:callerAttempts:)``) and waits for the
     /// flight; returns at once when there is nothing to retry.
@@ -303,16 +302,12 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         let waiter = withCore { core, effects -> Machine.WaiterID? in
             let now = clock.now()
             let waiter = core.makeWaiter()
-            let inBackoff = core.machine.flight != nil
             guard
-                case .start(let attempt) = core.machine.retry(
+                case .start(let attempt, let cancel) = core.machine.retry(
                     waiter: waiter, operation: operation, now: now, callerAttempts: attempts)
             else { return nil }
-            if inBackoff {
-                start(attempt, at: now, in: &core, &effects)  // the flight's pending attempt, now
-            } else {
-                begin(attempt, reason: .retry, at: now, in: &core, &effects)
-            }
+            effects.cancel(cancel)
+            start(attempt, at: now, in: &core, &effects)
             core.waiterSlots[waiter] = .pending
             return waiter
         }
@@ -359,9 +354,9 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         }
     }
 
-    /// What a warm restart saves (see ``FetchStateMachine/archived``).
+    /// What a warm restart saves (see ``StateData/archived``).
     var archived: (value: Value, isEmpty: Bool, lastSuccess: Date?)? {
-        core.withLock { $0.machine.archived }
+        core.withLock { $0.machine.data.archived }
     }
 
     func reset() {
@@ -385,16 +380,16 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             switch core.machine.waiterCancelled(waiter) {
             case .none, .left:
                 break  // the waiter is resumed with `CancellationError` above, the flight goes on
-            case .leftAndEndedFlight:
-                flightLostItsWaiters(in: &core, &effects)
+            case .leftAndEndedFlight(let handles):
+                flightLostItsWaiters(handles, in: &core, &effects)
             }
         }
     }
 
-    /// The last waiter of a flight left (by cancellation): the flight ends.
+    /// The last waiter of a flight left (by cancellation): the flight ended.
     @usableFromInline
-    func flightLostItsWaiters(in core: inout Core, _ effects: inout Effects) {
-        endFlight(reporting: .cancelled, in: &core, &effects)
+    func flightLostItsWaiters(_ handles: Machine.Handles, in core: inout Core, _ effects: inout Effects) {
+        ended(handles, in: &effects)
         publish(core.machine, at: clock.now())
     }
 
@@ -404,11 +399,9 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     ) {
         withCore { core, effects in
             let now = clock.now()
-            let action = core.machine.attemptFinished(
-                flight, attempt: attempt, outcome: outcome, now: now, date: clock.date())
-            if case .drop = action { return }
-            core.attemptTask = nil  // it is ending by itself
-            perform(action, at: now, in: &core, &effects)
+            perform(
+                core.machine.attemptFinished(flight, attempt: attempt, outcome: outcome, now: now, date: clock.date()),
+                at: now, in: &core, &effects)
         }
     }
 
@@ -416,12 +409,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     private func attemptTimedOut(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID) {
         withCore { core, effects in
             let now = clock.now()
-            let action = core.machine.attemptTimedOut(flight, attempt: attempt, now: now)
-            if case .drop = action { return }
-            effects.cancel(core.attemptTask)
-            core.attemptTask = nil
-            core.timerTask = nil  // it is ending by itself
-            perform(action, at: now, in: &core, &effects)
+            perform(core.machine.attemptTimedOut(flight, attempt: attempt, now: now), at: now, in: &core, &effects)
         }
     }
 
@@ -429,10 +417,9 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     private func backoffEnded(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID, error: (any Error)?) {
         withCore { core, effects in
             let now = clock.now()
-            let action = core.machine.backoffEnded(flight, attempt: attempt, error: error, now: now)
-            if case .drop = action { return }
-            core.timerTask = nil  // it is ending by itself
-            perform(action, at: now, in: &core, &effects)
+            perform(
+                core.machine.backoffEnded(flight, attempt: attempt, error: error, now: now), at: now, in: &core,
+                &effects)
         }
     }
 
@@ -444,40 +431,49 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         switch action {
         case .drop:
             break
-        case .retry(let flight, let attempt, let at):
-            if events != nil, let error = core.machine.lastError {
-                record(.attemptFailed(error: error, attempt: core.attempts, retryIn: at - now), in: &effects)
-            }
-            effects.cancel(core.timerTask)
-            core.timerTask = schedule(at: at) { store, error in store.backoffEnded(flight, attempt, error: error) }
+        case .retry(let flight, let attempt, let at, let error, let attempts, let cancel):
+            record(.attemptFailed(error: error, attempt: attempts, retryIn: at - now), in: &effects)
+            effects.cancel(cancel)
+            let timer = schedule(at: at) { store, error in store.backoffEnded(flight, attempt, error: error) }
+            core.machine.attach(task: nil, timer: timer)
             publish(core.machine, at: now)
-        case .start(let attempt):
+        case .start(let attempt, let cancel):
+            effects.cancel(cancel)
             start(attempt, at: now, in: &core, &effects)
-        case .settle(let ids, let result):
-            let (duration, attempts) = (now - core.flightStartedAt, core.attempts)
-            endFlight(
-                reporting: {
-                    switch result {
-                    case .success: return .succeeded(duration: duration, attempts: attempts)
-                    case .failure(is CancellationError): return .cancelled
-                    case .failure(let error): return .failed(error: error, duration: duration, attempts: attempts)
-                    }
-                }(), in: &core, &effects)
+        case .settle(let ids, let result, let report, let cancel):
+            effects.cancel(cancel)
+            switch result {
+            case .success:
+                record(.succeeded(duration: report.duration, attempts: report.attempts), in: &effects)
+            case .failure(is CancellationError):
+                record(.cancelled, in: &effects)
+            case .failure(let error):
+                record(.failed(error: error, duration: report.duration, attempts: report.attempts), in: &effects)
+            }
             publish(core.machine, at: now)
             resume(ids, with: result, in: &core, &effects)
         }
     }
 
-    /// Ends a flight that an event (`set`, `cancel`, `reset`) ended — its outcome is `cancelled`: its
-    /// result will never land — and resumes its waiters with `result`, after publishing (so that a
-    /// resumed waiter sees the new snapshot).
+    /// Ends a flight that an event (`set`, `cancel`, `reset`) ended and resumes its waiters with
+    /// `result`, after publishing (so that a resumed waiter sees the new snapshot).
     private func end(
         _ ended: Machine.EndedFlight, resumingWith result: Result<Value, any Error>, in core: inout Core,
         _ effects: inout Effects
     ) {
-        guard case .end(let ids) = ended else { return }
-        endFlight(reporting: .cancelled, in: &core, &effects)
+        guard case .end(let ids, let handles) = ended else { return }
+        self.ended(handles, in: &effects)
         resume(ids, with: result, in: &core, &effects)
+    }
+
+    /// A flight that an event ended before it settled (replaced, cancelled, overtaken, or left by its
+    /// last waiter): its outcome is `cancelled` — its result will never land — and its tasks are
+    /// cancelled. With the settles in ``perform(_:at:in:_:)``, every end of a flight reports exactly
+    /// one outcome after its `started`.
+    @usableFromInline
+    func ended(_ handles: Machine.Handles, in effects: inout Effects) {
+        record(.cancelled, in: &effects)
+        effects.cancel(handles)
     }
 
     /// Takes waiters `ids` out of the table, to be resumed with `result` once the lock is released:
@@ -493,47 +489,25 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         effects.resumed = (WaiterSlot.take(ids, settlingWith: outcome, in: &core.waiterSlots), outcome)
     }
 
-    /// Reports the outcome of the flight that ends (for the observer), and cancels (after the lock)
-    /// its attempt — its operation — and its timer. Every end of a flight goes through here, whatever
-    /// ended it, so every `started` is followed by exactly one outcome.
-    @usableFromInline
-    func endFlight(
-        reporting outcome: @autoclosure () -> AsyncStateEvent.Kind, in core: inout Core, _ effects: inout Effects
-    ) {
-        record(outcome(), in: &effects)
-        effects.cancel(core.attemptTask)
-        effects.cancel(core.timerTask)
-        core.attemptTask = nil
-        core.timerTask = nil
-    }
-
     private func publish(_ machine: Machine, at now: Duration, notifying: Bool = true) {
-        cell.publish(machine.snapshot(at: now), freshSince: machine.freshSince, notifying: notifying)
+        cell.publish(
+            machine.snapshot(at: now), freshSince: machine.data.freshSince, flightStart: machine.flightStart,
+            notifying: notifying)
     }
 
-    /// Starts `attempt`'s task (and its timeout's timer) and publishes.
-    /// Starts the first attempt of a new flight, started for `reason`.
+    /// Starts `attempt`'s task and its timeout's timer, gives them to the flight, and publishes. The
+    /// first attempt of a flight is reported as its start.
     @usableFromInline
-    func begin(
-        _ attempt: Machine.Attempt, reason: AsyncStateEvent.Reason, at now: Duration, in core: inout Core,
-        _ effects: inout Effects
-    ) {
-        core.flightStartedAt = now
-        core.attempts = 0
-        record(.started(reason), in: &effects)
-        start(attempt, at: now, in: &core, &effects)
-    }
-
-    private func start(_ attempt: Machine.Attempt, at now: Duration, in core: inout Core, _ effects: inout Effects) {
-        core.attempts += 1
-        effects.cancel(core.timerTask)
-        core.attemptTask = launch(attempt)
+    func start(_ attempt: Machine.Attempt, at now: Duration, in core: inout Core, _ effects: inout Effects) {
+        if let reason = attempt.starts { record(.started(reason), in: &effects) }
         let (flight, id) = (attempt.flight, attempt.id)
-        core.timerTask = attempt.timeoutAt.map { deadline in
+        let task = launch(attempt)
+        let timer = attempt.timeoutAt.map { deadline in
             // A timer whose sleep throws without being cancelled cannot keep its promise to end the
             // wait at the deadline, so it ends it now.
             schedule(at: deadline) { store, _ in store.attemptTimedOut(flight, id) }
         }
+        core.machine.attach(task: task, timer: timer)
         publish(core.machine, at: now)
     }
 

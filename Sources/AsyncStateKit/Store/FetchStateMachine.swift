@@ -1,83 +1,158 @@
 import Foundation
 
+/// Why a caller asks a state for its value: the one description of a request, given to the machine,
+/// which derives from it everything that depends on it — how fresh, failed and stale data are
+/// treated, why a flight it starts started (for the observer), and what a paged state is reading.
+@usableFromInline
+enum FetchRequest: Equatable, Sendable {
+    /// `value`, `snapshot`, one key of a batch: fresh data at once, stale data at once under
+    /// stale-while-revalidate, otherwise the flight in flight or a new one.
+    case value
+    /// `fetch`: as ``value``, but waits for the flight even under stale-while-revalidate.
+    case fetch
+    /// `refresh`: always runs the operation, replacing the flight in flight.
+    case refresh
+    /// `run(every:)`: its first call as ``fetch``; the later ones join the flight in flight, otherwise
+    /// start one whatever the freshness and the failure expiry.
+    case periodic(first: Bool)
+    /// A paged state's `loadMore`: joins the flight in flight, otherwise starts one, which leaves the
+    /// data's freshness as it was, succeeding or failing (a list is as old as its first page); a
+    /// ``value`` or ``fetch`` on expired data replaces such a flight instead of joining it.
+    case loadMore
+}
+
 /// The pure heart of an ``AsyncState``: every event is a `mutating func` that takes the current
 /// instant as an argument, changes the state, and returns what the shell must do.
 ///
-/// No clock reads, no tasks, no awaits, no continuations: ``AsyncStateStore`` owns one, feeds it
-/// events and performs the actions. Time is a `Duration` since the store's clock origin. Every
-/// decision is made here — freshness, negative caching, reentrancy, retries, timeouts, the bound on
-/// abandoned operations — so the shell only performs.
+/// No clock reads, no awaits, no continuations: ``AsyncStateStore`` owns one, feeds it events and
+/// performs the actions. Time is a `Duration` since the store's clock origin. Every decision is made
+/// here — freshness, negative caching, reentrancy, retries, timeouts, the bound on abandoned
+/// operations — so the shell only performs. The machine's state is its ``StateData`` and, while one
+/// runs, its ``Flight``, which holds everything alive: the operation, the waiters' ids, the stage
+/// (an attempt running, or a backoff until an instant), the attempt count, and the shell's handles
+/// (`Handle`: the attempt's task and the timer) that the actions hand back to be cancelled. The shell
+/// never reads the machine's fields to decide: each action carries what it needs.
 ///
 /// Rules it enforces:
 /// - One flight at a time (single flight); joiners wait on it, `refresh` replaces it.
 /// - Only the current attempt's result lands: a result from an attempt that timed out, or from a
 ///   flight that was replaced, cancelled or overtaken by ``set(_:now:date:)`` / ``reset()``, is dropped.
-/// - Cancellation is never a failure: it puts the phase back to what it was before the flight.
+/// - Cancellation is never a failure: the phase is what it was before the flight.
 /// - A failed attempt is retried as the flight's ``RetryPolicy`` says; the phase stays `loading`
 ///   until the last attempt.
 /// - The operation lives in the flight and nowhere else: when the flight ends, the machine forgets
 ///   it, so an operation that captures the state's owner never keeps the owner alive.
-/// - Freshness is lazy: the machine records when fresh data arrived and compares on request.
+/// - Freshness is lazy: the data records when it arrived fresh, and readers compare on request.
 @usableFromInline
-struct FetchStateMachine<Value: Sendable, Operation> {
+struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     /// Identifies one caller waiting for a flight.
     @usableFromInline typealias WaiterID = UInt64
     /// Identifies one flight (all its attempts).
     @usableFromInline typealias FlightID = UInt64
     /// Identifies one attempt of a flight.
     @usableFromInline typealias AttemptID = UInt64
+    /// Why a flight started, for the observer.
+    @usableFromInline typealias Reason = AsyncStateEvent.Reason
 
-    /// The operation run in flight and who waits for it.
+    /// What a flight is for, which decides how its end treats the data.
+    @usableFromInline
+    enum FlightKind {
+        /// Callers wait for it; it ends when the last one leaves.
+        case foreground
+        /// A paged state's append to data it has: its end leaves the data's freshness as it was.
+        case append
+        /// Started for a caller that got stale data at once (stale-while-revalidate, restored data):
+        /// it goes on when its waiters leave.
+        case background
+        /// A refresh ahead, started while the data was still fresh: it goes on when its waiters leave,
+        /// and if it fails the data stays fresh until its own expiry.
+        case refreshAhead
+
+        /// Whether it goes on with no waiter.
+        @inlinable var keepsAlive: Bool { self == .background || self == .refreshAhead }
+    }
+
+    /// Where a flight is: its current attempt runs, or waits out a backoff.
+    @usableFromInline
+    enum Stage {
+        /// Attempt `attempt` runs.
+        case running(AttemptID)
+        /// Attempt `attempt` starts at `until`.
+        case backingOff(AttemptID, until: Duration)
+
+        /// The current attempt: running, or due after the backoff.
+        @inlinable var attempt: AttemptID {
+            switch self {
+            case .running(let attempt), .backingOff(let attempt, _): return attempt
+            }
+        }
+    }
+
+    /// The shell's handles of a flight (or of a step of one) to cancel once the lock is released: its
+    /// attempt's task and its timer (of the attempt's timeout, or of the backoff).
+    @usableFromInline
+    struct Handles {
+        @usableFromInline var attempt: Handle?
+        @usableFromInline var timer: Handle?
+
+        @inlinable init(attempt: Handle? = nil, timer: Handle? = nil) {
+            (self.attempt, self.timer) = (attempt, timer)
+        }
+    }
+
+    /// The operation run in flight, who waits for it, and everything else alive while it runs.
     @usableFromInline
     struct Flight {
         /// This flight's id; events carrying another id are stale.
         var id: FlightID
         /// The operation: kept for the flight's attempts only.
         var operation: Operation
-        /// The current attempt's id: running, or due after a backoff (``retryAt``).
-        @usableFromInline var attempt: AttemptID
-        /// When the current attempt starts, while the flight waits out a backoff; `nil` while it runs.
-        @usableFromInline var retryAt: Duration?
+        /// Its current attempt, running or due.
+        @usableFromInline var stage: Stage
         /// The callers waiting for its outcome: a set, so that one leaves in O(1).
         @usableFromInline var waiters: Set<WaiterID>
-        /// The phase before the flight began, restored if it is cancelled.
-        var phaseBefore: AsyncPhase
+        /// What it is for.
+        @usableFromInline var kind: FlightKind
+        /// Why it started (the observer's `started`).
+        var reason: Reason
+        /// Whether the state had a value when it started (a paged state's activity).
+        var startedWithValue: Bool
         /// Set by ``invalidate(now:)`` during the flight: its result lands already expired.
         var expiresOnArrival: Bool
         /// How failed attempts are retried.
         var policy: RetryPolicy
-        /// When the flight started (for the retry budget).
+        /// When the flight started (for the retry budget and the observer's duration).
         var startedAt: Duration
-        /// Failed attempts so far.
-        var failures: Int
-        /// A background flight (stale-while-revalidate, refresh ahead): it goes on when its waiters
-        /// leave.
-        @usableFromInline var keepAlive: Bool
-        /// A refresh ahead, started while the data was still fresh: if it fails, the data stays fresh
-        /// until its own expiry.
-        var refreshesAhead: Bool
-        /// Its success leaves the data's freshness as it was (``FetchMode/append``).
-        @usableFromInline var keepsFreshness: Bool
+        /// Attempts started so far.
+        var attempts: Int
         /// The jitter generator for this flight's retries.
         var random: SplitMix64
+        /// The shell's handles of the running attempt and of the pending timer.
+        @usableFromInline var handles: Handles
+
+        /// The current attempt's id.
+        @inlinable var attempt: AttemptID { stage.attempt }
+
+        /// When the current attempt starts, while the flight waits out a backoff; `nil` while it runs.
+        @inlinable var retryAt: Duration? {
+            if case .backingOff(_, let until) = stage { return until } else { return nil }
+        }
     }
 
-    /// How a fetch treats fresh, failed and stale data.
+    /// How the ``FetchRequest`` treats fresh, failed and stale data.
     @usableFromInline
     enum FetchMode: Sendable {
-        /// `fetch` / `value`: fresh data (or a failure within the failure expiry) is answered without
-        /// running the operation; otherwise the caller joins the flight in flight or starts one.
+        /// Fresh data (or a failure within the failure expiry) is answered without running the
+        /// operation; otherwise the caller joins the flight in flight or starts one.
         case ifExpired
-        /// `refresh`: always runs the operation, replacing any flight in flight.
+        /// Always runs the operation, replacing any flight in flight.
         case always
-        /// `run(every:)`: joins the flight in flight, otherwise starts one whatever the freshness.
+        /// Joins the flight in flight, otherwise starts one whatever the freshness.
         case joinOrStart
-        /// A paged state's `loadMore`: as ``joinOrStart``, but a flight it starts on data it extends
-        /// leaves the data's freshness as it was, succeeding or failing (the list is as old as its
-        /// first page); an `ifExpired` fetch replaces such a flight instead of joining it.
+        /// As ``joinOrStart``, for an append (see ``FetchRequest/loadMore``).
         case append
-        /// `value` with stale-while-revalidate: as ``ifExpired``, except that stale data is returned at
-        /// once while a background flight refreshes it.
+        /// As ``ifExpired``, except that stale data is returned at once while a background flight
+        /// refreshes it.
         case staleWhileRevalidate
     }
 
@@ -91,9 +166,10 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         case cancelled
     }
 
-    /// An attempt for the shell to run now: run `operation` in a task, report its end with
-    /// ``attemptFinished(_:attempt:outcome:now:date:)``, and, if `timeoutAt` is set, report
-    /// ``attemptTimedOut(_:attempt:now:date:)`` at that instant unless it ended first.
+    /// An attempt for the shell to run now: run `operation` in a task, give the task and the timer
+    /// to ``attach(task:timer:)``, report its end with ``attemptFinished(_:attempt:outcome:now:date:)``,
+    /// and, if `timeoutAt` is set, report ``attemptTimedOut(_:attempt:now:)`` at that instant unless it
+    /// ended first.
     @usableFromInline
     struct Attempt {
         /// The flight it belongs to.
@@ -104,9 +180,12 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         var operation: Operation
         /// When it times out; `nil` for never.
         var timeoutAt: Duration?
+        /// Why its flight started, if it is the flight's first attempt (the observer's `started`);
+        /// `nil` for a later attempt.
+        var starts: Reason?
     }
 
-    /// What to do after ``fetch(waiter:mode:now:policy:operation:callerAttempts:)``.
+    /// What to do after ``fetch(waiter:request:now:policy:operation:callerAttempts:)``.
     @usableFromInline
     enum FetchAction {
         /// Give the caller this value now; it does not wait. Nothing starts. `stale`: the data is not
@@ -114,38 +193,43 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         case returnValue(Value, stale: Bool)
         /// Give the caller this value now — stale (stale-while-revalidate, restored data) or fresh but
         /// due for a refresh ahead — and start this background attempt (a new flight with no waiters).
-        /// Publish.
         case returnValueAndStart(Value, Attempt, stale: Bool)
         /// Throw this error to the caller now (a cached failure, a reentrant call, too many abandoned
         /// operations). Nothing changes.
         case fail(any Error)
         /// The caller joined the flight in flight and waits for it.
         case join
-        /// End the tasks of the flight in flight if `replacing`, then start `attempt` (a new flight);
-        /// the caller waits for it. Publish: the phase is `loading`.
-        case start(Attempt, replacing: Bool)
+        /// The flight in flight, if `replaced` is set, ended (cancel its handles; its outcome is
+        /// `cancelled`); start `attempt`, a new flight the caller waits for.
+        case start(Attempt, replaced: Handles?)
     }
 
-    /// What to do after ``retry(waiter:operation:now:)``.
+    /// What to do after ``retry(waiter:operation:now:callerAttempts:)``.
     enum RetryAction {
-        /// Start this attempt now (ending the flight's backoff timer, if any); the caller waits.
-        /// Publish.
-        case start(Attempt)
+        /// Cancel `cancel` (a backoff's timer) and start this attempt now; the caller waits.
+        case start(Attempt, cancel: Handles)
         /// Nothing to re-run: return at once.
         case ignore
     }
 
-    /// What to do after an attempt ended, timed out, or its backoff ended.
+    /// How long a flight ran and how many attempts it started, for the observer.
+    struct FlightReport {
+        var duration: Duration
+        var attempts: Int
+    }
+
+    /// What to do after an attempt ended, timed out, or its backoff ended. Each carries the handles
+    /// it ended, to cancel once the lock is released.
     enum FlightAction {
         /// The event is stale (another attempt or flight is current): change nothing.
         case drop
-        /// The attempt failed and will be retried: publish, then at `at` report
-        /// ``backoffEnded(_:attempt:error:now:date:)`` for `attempt`.
-        case retry(flight: FlightID, attempt: AttemptID, at: Duration)
+        /// Attempt number `attempts` failed with `error` and will be retried: at `at` report
+        /// ``backoffEnded(_:attempt:error:now:)`` for `attempt` (attach the timer).
+        case retry(flight: FlightID, attempt: AttemptID, at: Duration, error: any Error, attempts: Int, cancel: Handles)
         /// Start this attempt now.
-        case start(Attempt)
-        /// The flight settled: end its tasks, publish, then resume `waiters` with `result`.
-        case settle(waiters: Set<WaiterID>, result: Result<Value, any Error>)
+        case start(Attempt, cancel: Handles)
+        /// The flight settled: resume `waiters` with `result`.
+        case settle(waiters: Set<WaiterID>, result: Result<Value, any Error>, report: FlightReport, cancel: Handles)
     }
 
     /// What to do after ``waiterCancelled(_:)``: what becomes of the flight. A waiter that was still in
@@ -157,42 +241,21 @@ struct FetchStateMachine<Value: Sendable, Operation> {
         case none
         /// It left; the flight goes on for the others (or in the background).
         case left
-        /// It was the flight's last waiter: end the flight's tasks. Publish: the phase is back to what
-        /// it was before the flight.
-        case leftAndEndedFlight
+        /// It was the flight's last waiter: the flight ended (its outcome is `cancelled`); cancel its
+        /// handles.
+        case leftAndEndedFlight(cancel: Handles)
     }
 
     /// What to do with a flight that an event ended early.
     enum EndedFlight {
         /// There was no flight.
         case none
-        /// End the flight's tasks and resume `waiters` (with what the event says).
-        case end(waiters: Set<WaiterID>)
+        /// Cancel its handles and resume `waiters` (with what the event says).
+        case end(waiters: Set<WaiterID>, cancel: Handles)
     }
 
-    /// The latest value: kept during loading and after a failure.
-    @usableFromInline private(set) var value: Value
-    /// The current phase.
-    @usableFromInline private(set) var phase: AsyncPhase = .initial
-    /// When the current data arrived fresh; `nil` when there is none or it was invalidated or failed.
-    @usableFromInline private(set) var freshSince: Duration?
-    /// When the current failure settled, while it may still be answered from the negative cache.
-    @usableFromInline private(set) var failedAt: Duration?
-    /// Whether `value` came from a success or a write (not the initial value): stale-while-revalidate
-    /// serves it.
-    @usableFromInline private(set) var hasData = false
-    /// Whether `value` was empty when it arrived (by the emptiness test then, or as an archive said):
-    /// what ``phase`` said of it, kept while a later flight loads or fails. Archives save it.
-    private(set) var valueIsEmpty = false
-    /// Until when restored data (see ``restore(_:isEmpty:lastSuccess:now:date:)``) is answered at once
-    /// under refresh ahead, stale, while one refetch runs; `nil` when the data was not restored or
-    /// newer data, an invalidation or a reset has come since.
-    @usableFromInline private(set) var restoredUntil: Duration?
-    /// The flight in flight, if any.
-    @inlinable var flight: Flight? { flightBox?.flight }
-    /// Whether the flight in flight keeps the data's freshness: read through the box, so that no copy
-    /// of the flight (and of its waiter set) is made on the join path.
-    @inlinable var flightKeepsFreshness: Bool { flightBox?.flight.keepsFreshness ?? false }
+    /// The value, the settled phase, the freshness and the metadata.
+    @usableFromInline private(set) var data: StateData<Value>
     /// Where the flight lives: boxed, so that an idle state does not carry it inline. Copied on write
     /// (``mutateFlight(_:)``), so the machine keeps value semantics.
     @usableFromInline var flightBox: FlightBox?
@@ -201,14 +264,6 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     /// Attempts that timed out and whose operation has not returned yet (it was cancelled, but may
     /// ignore cancellation).
     private(set) var abandoned: Set<AttemptID> = []
-    /// Failed attempts of the current (or last) fetch; back to zero when a fetch starts or succeeds.
-    private(set) var failureCount = 0
-    /// The error of the most recent failed attempt, even if a later fetch succeeded.
-    private(set) var lastError: (any Error)?
-    /// The wall date of the most recent success.
-    private(set) var lastSuccess: Date?
-    /// How many fetches have succeeded.
-    private(set) var successCount = 0
 
     /// The value ``reset()`` goes back to.
     let initialValue: Value
@@ -218,90 +273,62 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     private var seeds: SplitMix64
 
     init(initialValue: Value, configuration: StoreConfiguration<Value>, seed: UInt64 = 0) {
-        self.value = initialValue
+        data = StateData(initialValue: initialValue)
         self.initialValue = initialValue
         self.configuration = configuration
         self.seeds = SplitMix64(seed: seed)
     }
 
-    /// Restores `settled` (see ``settled``): the state a machine had when it was last idle.
+    /// A machine whose data is `data` at rest (see ``StateData/isAtRest``), with no flight: the state a
+    /// machine had when it last rested.
     init(
-        restoring settled: Settled, initialValue: Value, configuration: StoreConfiguration<Value>, seed: UInt64 = 0
+        restoring data: StateData<Value>, initialValue: Value, configuration: StoreConfiguration<Value>,
+        seed: UInt64 = 0
     ) {
         self.init(initialValue: initialValue, configuration: configuration, seed: seed)
-        value = settled.value
-        hasData = true
-        phase = settled.phase
-        valueIsEmpty = settled.phase.kind == .empty
-        freshSince = settled.freshSince
-        restoredUntil = settled.restoredUntil
-        lastError = settled.lastError
-        lastSuccess = settled.lastSuccess
-        successCount = settled.successCount
+        self.data = data
+    }
+
+    /// The latest value: kept during loading and after a failure.
+    @inlinable var value: Value { data.value }
+    /// The current phase: `loading` exactly while a flight runs, else the phase the data settled in.
+    @inlinable var phase: AsyncPhase { flightBox == nil ? data.phase : .loading }
+    /// The flight in flight, if any.
+    @inlinable var flight: Flight? { flightBox?.flight }
+    /// Whether a flight is in flight.
+    @inlinable var isFlying: Bool { flightBox != nil }
+    /// Why the flight in flight started and whether the state had a value then; `nil` without one.
+    var flightStart: (reason: Reason, hadValue: Bool)? {
+        flightBox.map { ($0.flight.reason, $0.flight.startedWithValue) }
     }
 
     /// How long data stays fresh.
     var expiry: Duration { configuration.expiry }
 
-    /// What an idle machine with data is, all a family keeps for an entry nobody uses: data that
-    /// succeeded (or was set, or is empty), no flight, no abandoned operation, no cached failure.
-    /// Restored with ``init(restoring:initialValue:configuration:seed:)``, it behaves as this machine
-    /// would (a machine keeps nothing else between flights but its ids and jitter seeds).
-    @usableFromInline
-    struct Settled {
-        @usableFromInline var value: Value
-        @usableFromInline var phase: AsyncPhase
-        @usableFromInline var freshSince: Duration?
-        @usableFromInline var lastError: (any Error)?
-        var lastSuccess: Date?
-        @usableFromInline var successCount: Int
-        /// See ``FetchStateMachine/restoredUntil``.
-        var restoredUntil: Duration?
-
-        init(
-            value: Value, phase: AsyncPhase, freshSince: Duration?, lastError: (any Error)?, lastSuccess: Date?,
-            successCount: Int, restoredUntil: Duration? = nil
-        ) {
-            (self.value, self.phase, self.freshSince) = (value, phase, freshSince)
-            (self.lastError, self.lastSuccess, self.successCount) = (lastError, lastSuccess, successCount)
-            self.restoredUntil = restoredUntil
-        }
-    }
-
-    /// This machine's state if it is settled (see ``Settled``), else `nil`.
-    var settled: Settled? {
-        guard flight == nil, abandoned.isEmpty, hasData, failedAt == nil, failureCount == 0 else { return nil }
-        switch phase {
-        case .success, .empty:
-            return Settled(
-                value: value, phase: phase, freshSince: freshSince, lastError: lastError, lastSuccess: lastSuccess,
-                successCount: successCount, restoredUntil: restoredUntil)
-        case .initial, .loading, .failure:
-            return nil
-        }
+    /// The data, if this machine may rest: no flight, no abandoned operation, and data at rest. A
+    /// machine restored from it behaves as this one would.
+    var restingData: StateData<Value>? {
+        flightBox == nil && abandoned.isEmpty && data.isAtRest ? data : nil
     }
 
     // MARK: Queries
 
-    /// Whether the data is fresh at `now`: it arrived less than the expiry ago and was not
-    /// invalidated. `initial` and `failure` are never fresh.
+    /// Whether the data is fresh at `now`.
     @inlinable
-    func isFresh(at now: Duration) -> Bool {
-        isWithinExpiry(since: freshSince, at: now, expiry: configuration.expiry)
-    }
+    func isFresh(at now: Duration) -> Bool { data.isFresh(at: now, expiry: configuration.expiry) }
 
-    /// Whether fresh data is old enough at `now` for a refresh ahead (never without `refreshAfter`).
+    /// Whether fresh data at `now` is past the hit window (``StoreConfiguration/hitWindow``): old
+    /// enough for a refresh ahead. Never without `refreshAfter` (the window is then the expiry).
     @inlinable
     func isRefreshDue(at now: Duration) -> Bool {
-        guard let refreshAfter = configuration.refreshAfter, let freshSince else { return false }
-        return now - freshSince >= refreshAfter
+        !data.isFresh(at: now, expiry: configuration.hitWindow)
     }
 
     /// The cached failure, while the failure expiry says to answer with it instead of refetching.
     @inlinable
     func cachedFailure(at now: Duration) -> (any Error)? {
-        guard case .failure(let error) = phase, flight == nil,
-            isWithinExpiry(since: failedAt, at: now, expiry: configuration.failureExpiry)
+        guard case .failure(let error) = data.phase, flightBox == nil,
+            isWithinExpiry(since: data.failedAt, at: now, expiry: configuration.failureExpiry)
         else { return nil }
         return error
     }
@@ -310,67 +337,107 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     /// that inherited its context while it still runs): waiting for the flight would wait for itself.
     @inlinable
     func isReentrant(_ callerAttempts: [AttemptID]) -> Bool {
-        guard let flight, flight.retryAt == nil else { return false }
-        return callerAttempts.contains(flight.attempt)
+        guard let flight = flightBox?.flight, case .running(let attempt) = flight.stage else { return false }
+        return callerAttempts.contains(attempt)
+    }
+
+    /// How `request` treats fresh, failed and stale data.
+    @inlinable
+    func mode(of request: FetchRequest) -> FetchMode {
+        switch request {
+        case .value: return configuration.staleWhileRevalidate ? .staleWhileRevalidate : .ifExpired
+        case .fetch, .periodic(first: true): return .ifExpired
+        case .refresh: return .always
+        case .periodic(first: false): return .joinOrStart
+        case .loadMore: return .append
+        }
+    }
+
+    /// Why a flight that `request` starts started.
+    @usableFromInline
+    func reason(of request: FetchRequest) -> Reason {
+        switch request {
+        case .value, .fetch: return .fetch
+        case .refresh: return .refresh
+        case .periodic: return .periodic
+        case .loadMore: return data.hasValue ? .loadMore : .fetch
+        }
     }
 
     // MARK: Events from callers
 
-    /// A caller asks for the value (`fetch`, `value`, `refresh`, `run(every:)`), with `policy` for a
-    /// new flight (the state's policy when `nil`) and `operation` to run if one starts.
-    /// `callerAttempts` are the attempts of this state that the calling task is running (reentrancy).
+    /// A caller asks for the value, with `policy` for a new flight (the state's policy when `nil`) and
+    /// `operation` to run if one starts. `callerAttempts` are the attempts of this state that the
+    /// calling task is running (reentrancy).
     @inlinable
     mutating func fetch(
-        waiter: WaiterID, mode: FetchMode, now: Duration, policy: RetryPolicy? = nil, operation: Operation,
+        waiter: WaiterID, request: FetchRequest, now: Duration, policy: RetryPolicy? = nil, operation: Operation,
         callerAttempts: [AttemptID] = []
+    ) -> FetchAction {
+        fetch(
+            waiter: waiter, mode: mode(of: request), reason: reason(of: request), now: now, policy: policy,
+            operation: operation, callerAttempts: callerAttempts)
+    }
+
+    /// ``fetch(waiter:request:now:policy:operation:callerAttempts:)`` once the request is resolved
+    /// into its `mode` and the `reason` of a flight it starts (tests drive it directly, to apply
+    /// every mode to every state).
+    @inlinable
+    mutating func fetch(
+        waiter: WaiterID, mode: FetchMode, reason: Reason = .fetch, now: Duration, policy: RetryPolicy? = nil,
+        operation: Operation, callerAttempts: [AttemptID] = []
     ) -> FetchAction {
         if mode == .ifExpired || mode == .staleWhileRevalidate {
             if isFresh(at: now) {
                 // Refresh ahead: fresh data old enough starts one background refresh, unless one runs,
                 // a failed one is within the failure expiry, or the caller is that refresh itself.
-                guard isRefreshDue(at: now), flight == nil, cachedFailure(at: now) == nil,
+                guard isRefreshDue(at: now), flightBox == nil, cachedFailure(at: now) == nil,
                     !isReentrant(callerAttempts),
                     let attempt = begin(
-                        waiter: nil, operation: operation, now: now, policy: policy, keepAlive: true,
-                        refreshesAhead: true)
-                else { return .returnValue(value, stale: false) }
-                return .returnValueAndStart(value, attempt, stale: false)
+                        waiter: nil, operation: operation, now: now, policy: policy, kind: .refreshAhead,
+                        reason: .background)
+                else { return .returnValue(data.value, stale: false) }
+                return .returnValueAndStart(data.value, attempt, stale: false)
             }
-            if let restoredUntil, now.attoseconds < restoredUntil.attoseconds {
+            if let restoredUntil = data.restoredUntil, now.attoseconds < restoredUntil.attoseconds {
                 // Restored data under refresh ahead: expired for every reader, yet answered at once
                 // while one refetch runs, as fresh data due for its refresh would be.
-                guard flight == nil, cachedFailure(at: now) == nil, !isReentrant(callerAttempts),
-                    let attempt = begin(waiter: nil, operation: operation, now: now, policy: policy, keepAlive: true)
-                else { return .returnValue(value, stale: true) }
-                return .returnValueAndStart(value, attempt, stale: true)
+                guard flightBox == nil, cachedFailure(at: now) == nil, !isReentrant(callerAttempts),
+                    let attempt = begin(
+                        waiter: nil, operation: operation, now: now, policy: policy, kind: .background,
+                        reason: .background)
+                else { return .returnValue(data.value, stale: true) }
+                return .returnValueAndStart(data.value, attempt, stale: true)
             }
             if let error = cachedFailure(at: now) {
-                return mode == .staleWhileRevalidate && hasData ? .returnValue(value, stale: true) : .fail(error)
+                return mode == .staleWhileRevalidate && data.hasValue
+                    ? .returnValue(data.value, stale: true) : .fail(error)
             }
         }
         if isReentrant(callerAttempts) { return .fail(AsyncStateError.reentrantCall) }
-        if mode == .staleWhileRevalidate, hasData {
-            guard flight == nil else { return .returnValue(value, stale: true) }
-            guard let attempt = begin(waiter: nil, operation: operation, now: now, policy: policy, keepAlive: true)
-            else { return .returnValue(value, stale: true) }
-            return .returnValueAndStart(value, attempt, stale: true)
+        if mode == .staleWhileRevalidate, data.hasValue {
+            guard flightBox == nil,
+                let attempt = begin(
+                    waiter: nil, operation: operation, now: now, policy: policy, kind: .background, reason: .background)
+            else { return .returnValue(data.value, stale: true) }
+            return .returnValueAndStart(data.value, attempt, stale: true)
         }
         // Expired data is not answered by an append in flight (it would extend the expired data): a
         // fetch replaces it, as `refresh` would.
-        if flight != nil, mode != .always, !(mode == .ifExpired && flightKeepsFreshness) {
+        if let box = flightBox, mode != .always, !(mode == .ifExpired && box.flight.kind == .append) {
             // In place: binding the flight to a local first would make this insert copy every
             // waiter (copy-on-write), which is quadratic for many joiners.
             mutateFlight { $0.waiters.insert(waiter) }
             return .join
         }
         // A new flight; `refresh` takes over the old one's waiters, whose result will be dropped.
-        let replacing = flight != nil
+        let replaced = flightBox?.flight.handles
         guard
             let attempt = begin(
-                waiter: waiter, operation: operation, now: now, policy: policy, keepAlive: false,
-                keepsFreshness: mode == .append && hasData)
+                waiter: waiter, operation: operation, now: now, policy: policy,
+                kind: mode == .append && data.hasValue ? .append : .foreground, reason: reason)
         else { return .fail(AsyncStateError.tooManyAbandonedOperations(limit: AsyncStateLimits.abandonedOperations)) }
-        return .start(attempt, replacing: replacing)
+        return .start(attempt, replaced: replaced)
     }
 
     /// A caller asks to retry: while a flight waits out a backoff, its next attempt starts now;
@@ -379,19 +446,33 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     mutating func retry(waiter: WaiterID, operation: Operation?, now: Duration, callerAttempts: [AttemptID] = [])
         -> RetryAction
     {
-        if let current = flight {
+        if let current = flightBox?.flight {
             guard current.retryAt != nil, !isReentrant(callerAttempts) else { return .ignore }
             mutateFlight { $0.waiters.insert(waiter) }
-            return .start(startAttempt(now: now))
+            let backoff = takeHandles()
+            return .start(startAttempt(now: now), cancel: backoff)
         }
         guard let operation else { return .ignore }
-        switch phase {
+        switch data.phase {
         case .failure, .empty: break
         case .initial, .loading, .success: return .ignore
         }
-        guard let attempt = begin(waiter: waiter, operation: operation, now: now, policy: nil, keepAlive: false)
+        guard
+            let attempt = begin(
+                waiter: waiter, operation: operation, now: now, policy: nil, kind: .foreground, reason: .retry)
         else { return .ignore }
-        return .start(attempt)
+        return .start(attempt, cancel: Handles())
+    }
+
+    /// Gives the flight the shell's handles for its current step: the task running the attempt just
+    /// started (if one did) and the timer that fires next (if any). An action that ends the step hands
+    /// them back to be cancelled.
+    @inlinable
+    mutating func attach(task: Handle?, timer: Handle?) {
+        mutateFlight {
+            if let task { $0.handles.attempt = task }
+            $0.handles.timer = timer
+        }
     }
 
     /// The task of waiter `waiter` was cancelled: it stops waiting; the flight is cancelled if it was
@@ -400,53 +481,34 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     mutating func waiterCancelled(_ waiter: WaiterID) -> WaiterCancelledAction {
         guard flightBox?.flight.waiters.contains(waiter) == true else { return .none }
         mutateFlight { $0.waiters.remove(waiter) }  // in place, as in fetch
-        guard let box = flightBox, box.flight.waiters.isEmpty, !box.flight.keepAlive else { return .left }
+        guard let box = flightBox, box.flight.waiters.isEmpty, !box.flight.kind.keepsAlive else { return .left }
         return lastWaiterLeft()
     }
 
-    /// The flight's last waiter left: a flight that is not a background one ends, and the phase goes
-    /// back to what it was before it.
+    /// The flight's last waiter left: a flight that is not a background one ends.
     @usableFromInline
     mutating func lastWaiterLeft() -> WaiterCancelledAction {
-        guard let current = flight else { return .none }
-        setFlight(nil)
-        phase = current.phaseBefore
-        return .leftAndEndedFlight
+        guard case .end(_, let handles) = endFlight() else { return .none }
+        return .leftAndEndedFlight(cancel: handles)
     }
 
-    /// `cancel()`: cancels the flight outright; its waiters get `CancellationError` and the phase goes
-    /// back to what it was before the flight. Publish when a flight was cancelled.
-    mutating func cancel() -> EndedFlight {
-        guard let current = flight else { return .none }
-        setFlight(nil)
-        phase = current.phaseBefore
-        return .end(waiters: current.waiters)
-    }
+    /// `cancel()`: cancels the flight outright; its waiters get `CancellationError`. Publish when a
+    /// flight was cancelled.
+    mutating func cancel() -> EndedFlight { endFlight() }
 
     /// `invalidate()`: the data is expired now, for every interval, and so will be the result of the
-    /// flight in flight; a cached failure is forgotten, and restored data is no longer answered at
-    /// once. Returns whether a snapshot changed (publish it then): only data fresh at `now` becoming
-    /// expired changes one. Either way the freshness readers test must be the machine's again.
+    /// flight in flight (see ``StateData/invalidate(now:expiry:)``). Returns whether a snapshot
+    /// changed (publish it then); either way the freshness readers test must be the machine's again.
     mutating func invalidate(now: Duration) -> Bool {
-        let visible = isFresh(at: now)
-        freshSince = nil
-        failedAt = nil
-        restoredUntil = nil
         mutateFlight { $0.expiresOnArrival = true }
-        return visible
+        return data.invalidate(now: now, expiry: configuration.expiry)
     }
 
     /// `set(_:)`: a manual (or optimistic) write, fresh from `now`. It wins over the flight in flight:
     /// that flight ends and its waiters get `newValue`. Publish.
     mutating func set(_ newValue: Value, now: Duration, date: Date) -> EndedFlight {
         let ended = endFlight()
-        value = newValue
-        hasData = true
-        valueIsEmpty = isEmpty(newValue)
-        phase = valueIsEmpty ? .empty : .success(date)
-        freshSince = now
-        failedAt = nil
-        restoredUntil = nil
+        data.set(newValue, isEmpty: isEmpty(newValue), now: now, date: date)
         return ended
     }
 
@@ -454,118 +516,86 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     /// expired, and nothing but newer data makes it fresh. Under stale-while-revalidate it is served
     /// as any stale data is; under refresh ahead it is answered at once while one refetch runs, for
     /// as long as fresh data would be before its refresh (`expiry − refreshAfter`, see
-    /// ``restoredUntil``); otherwise it is refetched before it is served. Only into a state with no
-    /// data and no flight (anything newer wins); returns whether it was restored. Publish if so.
+    /// ``StateData/restoredUntil``); otherwise it is refetched before it is served. Only into a state
+    /// with no data and no flight (anything newer wins); returns whether it was restored. Publish if so.
     mutating func restore(_ newValue: Value, isEmpty: Bool, lastSuccess: Date?, now: Duration, date: Date) -> Bool {
-        guard !hasData, flight == nil, abandoned.isEmpty else { return false }
-        value = newValue
-        hasData = true
-        valueIsEmpty = isEmpty
-        phase = isEmpty ? .empty : .success(lastSuccess ?? date)
-        self.lastSuccess = lastSuccess
-        freshSince = nil
-        restoredUntil = configuration.refreshAfter.map { now.saturatingAdd(configuration.expiry - $0) }
-        failedAt = nil
-        failureCount = 0
+        guard !data.hasValue, flightBox == nil, abandoned.isEmpty else { return false }
+        data.restore(
+            newValue, isEmpty: isEmpty, lastSuccess: lastSuccess, date: date,
+            restoredUntil: configuration.refreshAfter.map { now.saturatingAdd(configuration.expiry - $0) })
         return true
-    }
-
-    /// What a warm restart saves: the data, whether it is empty — as the phase said when it
-    /// arrived, not as the emptiness test says now — and when it last succeeded; `nil` without data.
-    var archived: (value: Value, isEmpty: Bool, lastSuccess: Date?)? {
-        hasData ? (value, valueIsEmpty, lastSuccess) : nil
     }
 
     /// `reset()`: back to the initial value and phase, forgetting the metadata. The flight in flight
     /// ends and its waiters get `CancellationError`. Returns whether anything a reader can see changed
     /// (publish then): a reset of a state that is already initial changes nothing.
     mutating func reset() -> (ended: EndedFlight, changed: Bool) {
-        var isInitial: Bool {
-            if case .initial = phase { return true } else { return false }
-        }
-        let changed =
-            flight != nil || hasData || !isInitial || failureCount != 0 || lastError != nil || lastSuccess != nil
-            || successCount != 0
+        let changed = flightBox != nil || data.differsFromInitial
         let ended = endFlight()
-        value = initialValue
-        hasData = false
-        valueIsEmpty = false
-        restoredUntil = nil
-        phase = .initial
-        freshSince = nil
-        failedAt = nil
-        failureCount = 0
-        lastError = nil
-        lastSuccess = nil
-        successCount = 0
+        data = StateData(initialValue: initialValue)
         return (ended, changed)
     }
 
     // MARK: Events from the flight's tasks
 
-    /// Attempt `attempt` of flight `id` ended with `outcome` at `now` (wall date `date`).
+    /// Attempt `attempt` of flight `id` ended with `outcome` at `now` (wall date `date`). Its task is
+    /// ending by itself: it is not handed back to be cancelled.
     mutating func attemptFinished(
         _ id: FlightID, attempt: AttemptID, outcome: Outcome, now: Duration, date: Date
     ) -> FlightAction {
         abandoned.remove(attempt)
-        guard let current = flight, current.id == id, current.attempt == attempt, current.retryAt == nil else {
+        guard let current = flightBox?.flight, current.id == id, case .running(attempt) = current.stage else {
             return .drop
         }
+        mutateFlight { $0.handles.attempt = nil }
         switch outcome {
         case .success(let newValue):
-            setFlight(nil)
-            value = newValue
-            hasData = true
-            valueIsEmpty = isEmpty(newValue)
-            phase = valueIsEmpty ? .empty : .success(date)
-            restoredUntil = nil
-            if current.expiresOnArrival {
-                freshSince = nil
-            } else if !current.keepsFreshness {
-                freshSince = now
-            }
-            failedAt = nil
-            failureCount = 0
-            lastSuccess = date
-            successCount += 1
-            return .settle(waiters: current.waiters, result: .success(newValue))
+            let freshness: StateData<Value>.Freshness =
+                current.expiresOnArrival ? .expired : current.kind == .append ? .unchanged : .from(now)
+            let report = self.report(at: now)
+            let (waiters, handles) = takeFlight()
+            data.succeed(newValue, isEmpty: isEmpty(newValue), date: date, freshness: freshness)
+            return .settle(waiters: waiters, result: .success(newValue), report: report, cancel: handles)
         case .failure(let error):
             return attemptFailed(error, now: now)
         case .cancelled:
-            return settleCancelled()
+            return settleCancelled(now: now)
         }
     }
 
     /// The current attempt of flight `id` ran past its timeout: it is abandoned (its task is cancelled,
-    /// its late result dropped) and counts as a failure with ``AsyncStateError/timedOut(after:)``.
+    /// its late result dropped) and counts as a failure with ``AsyncStateError/timedOut(after:)``. The
+    /// timer is ending by itself: it is not handed back to be cancelled.
     mutating func attemptTimedOut(_ id: FlightID, attempt: AttemptID, now: Duration) -> FlightAction {
-        guard let current = flight, current.id == id, current.attempt == attempt, current.retryAt == nil,
+        guard let current = flightBox?.flight, current.id == id, case .running(attempt) = current.stage,
             let timeout = configuration.timeout
         else { return .drop }
         abandoned.insert(attempt)
+        mutateFlight { $0.handles.timer = nil }
         return attemptFailed(AsyncStateError.timedOut(after: timeout), now: now)
     }
 
     /// The backoff before attempt `attempt` of flight `id` ended: the attempt starts now. If the
     /// clock's sleep threw instead (`error`), the flight settles: cancelled for a `CancellationError`,
-    /// failed with `error` otherwise — never left `loading`.
+    /// failed with `error` otherwise — never left `loading`. The timer is ending by itself.
     mutating func backoffEnded(_ id: FlightID, attempt: AttemptID, error: (any Error)?, now: Duration)
         -> FlightAction
     {
-        guard let current = flight, current.id == id, current.attempt == attempt, current.retryAt != nil else {
+        guard let current = flightBox?.flight, current.id == id, case .backingOff(attempt, _) = current.stage else {
             return .drop
         }
+        mutateFlight { $0.handles.timer = nil }
         switch error {
         case nil:
             guard abandoned.count < AsyncStateLimits.abandonedOperations else {
                 return settleFailed(
-                    lastError ?? AsyncStateError.timedOut(after: configuration.timeout ?? .zero), now: now)
+                    data.lastError ?? AsyncStateError.timedOut(after: configuration.timeout ?? .zero), now: now)
             }
-            return .start(startAttempt(now: now))
+            return .start(startAttempt(now: now), cancel: Handles())
         case is CancellationError:
-            return settleCancelled()
+            return settleCancelled(now: now)
         case let error?:
-            lastError = error
+            data.lastError = error
             return settleFailed(error, now: now)
         }
     }
@@ -575,112 +605,133 @@ struct FetchStateMachine<Value: Sendable, Operation> {
     /// The emptiness test of a successful value.
     private func isEmpty(_ value: Value) -> Bool { configuration.isEmpty(value) }
 
-    /// Starts a flight running `operation`, with `waiter` waiting for it (none for a background
-    /// flight): the phase becomes `loading`. A flight in flight is replaced in place — the new one takes
-    /// over its waiters (without copying them) and the phase it restores if cancelled. Returns `nil`,
-    /// starting nothing, while too many abandoned operations still run.
+    /// Starts a flight of `kind` running `operation`, started for `reason`, with `waiter` waiting for
+    /// it (none for a background flight). A flight in flight is replaced in place — the new one takes
+    /// over its waiters (without copying them); its handles must have been taken first. Returns
+    /// `nil`, starting nothing, while too many abandoned operations still run.
     @usableFromInline
     mutating func begin(
-        waiter: WaiterID?, operation: Operation, now: Duration, policy: RetryPolicy?, keepAlive: Bool,
-        refreshesAhead: Bool = false, keepsFreshness: Bool = false
+        waiter: WaiterID?, operation: Operation, now: Duration, policy: RetryPolicy?, kind: FlightKind,
+        reason: Reason
     ) -> Attempt? {
         guard abandoned.count < AsyncStateLimits.abandonedOperations else { return nil }
         let policy = policy ?? configuration.retry
         let (id, attempt) = (nextID(), nextID())
         let random = SplitMix64(seed: policy.seed ?? seeds.next())
-        if flight == nil {
+        let hadValue = data.hasValue
+        if flightBox == nil {
             // Not `[waiter]`: an array literal would allocate an array on the way to the set.
             var waiters = Set<WaiterID>()
             if let waiter { waiters.insert(waiter) }
-            setFlight(
+            flightBox = FlightBox(
                 Flight(
-                    id: id, operation: operation, attempt: attempt, retryAt: nil, waiters: waiters,
-                    phaseBefore: phase, expiresOnArrival: false, policy: policy, startedAt: now, failures: 0,
-                    keepAlive: keepAlive, refreshesAhead: refreshesAhead, keepsFreshness: keepsFreshness,
-                    random: random))
+                    id: id, operation: operation, stage: .running(attempt), waiters: waiters, kind: kind,
+                    reason: reason, startedWithValue: hadValue, expiresOnArrival: false, policy: policy,
+                    startedAt: now, attempts: 1, random: random, handles: Handles()))
         } else {
             mutateFlight { flight in
-                (flight.id, flight.operation, flight.attempt, flight.retryAt) = (id, operation, attempt, nil)
-                (flight.expiresOnArrival, flight.policy, flight.startedAt, flight.failures) = (false, policy, now, 0)
-                (flight.keepAlive, flight.refreshesAhead, flight.random) = (keepAlive, refreshesAhead, random)
-                flight.keepsFreshness = keepsFreshness
+                (flight.id, flight.operation, flight.stage, flight.kind) = (id, operation, .running(attempt), kind)
+                (flight.reason, flight.startedWithValue, flight.expiresOnArrival) = (reason, hadValue, false)
+                (flight.policy, flight.startedAt, flight.attempts, flight.random) = (policy, now, 1, random)
+                flight.handles = Handles()
                 if let waiter { flight.waiters.insert(waiter) }
             }
         }
-        phase = .loading
-        failureCount = 0
-        return self.attempt(of: flight!, now: now)
+        data.failureCount = 0
+        return self.attempt(now: now, starts: reason)
     }
 
     /// Starts the flight's next attempt now (after a backoff, or on `retry()` during one).
     private mutating func startAttempt(now: Duration) -> Attempt {
         let id = nextID()
         mutateFlight {
-            $0.attempt = id
-            $0.retryAt = nil
+            $0.stage = .running(id)
+            $0.attempts += 1
         }
-        return attempt(of: flight!, now: now)
+        return attempt(now: now, starts: nil)
     }
 
-    /// The current attempt of `flight`, starting at `now`.
-    private func attempt(of flight: Flight, now: Duration) -> Attempt {
-        Attempt(
+    /// The flight's current attempt, starting at `now`.
+    private func attempt(now: Duration, starts: Reason?) -> Attempt {
+        let flight = flightBox!.flight
+        return Attempt(
             flight: flight.id, id: flight.attempt, operation: flight.operation,
-            timeoutAt: configuration.timeout.map { now.saturatingAdd($0) })
+            timeoutAt: configuration.timeout.map { now.saturatingAdd($0) }, starts: starts)
     }
 
     /// The current attempt failed with `error`: retry as the policy says, or settle.
     private mutating func attemptFailed(_ error: any Error, now: Duration) -> FlightAction {
-        var current = flight!
-        current.failures += 1
-        failureCount = current.failures
-        lastError = error
+        data.failureCount += 1
+        data.lastError = error
+        var current = flightBox!.flight
         guard let at = retryInstant(for: &current, after: error, now: now) else {
             return settleFailed(error, now: now)
         }
-        current.attempt = nextID()
-        current.retryAt = at
-        setFlight(current)
-        return .retry(flight: current.id, attempt: current.attempt, at: at)
+        let next = nextID()
+        let handles = takeHandles()
+        mutateFlight {
+            $0.random = current.random
+            $0.stage = .backingOff(next, until: at)
+        }
+        return .retry(
+            flight: current.id, attempt: next, at: at, error: error, attempts: current.attempts, cancel: handles)
     }
 
     private mutating func settleFailed(_ error: any Error, now: Duration) -> FlightAction {
-        let current = flight!
-        setFlight(nil)
-        phase = .failure(error)
+        let kind = flightBox!.flight.kind
+        let report = self.report(at: now)
+        let (waiters, handles) = takeFlight()
         // A failed refresh ahead leaves the data fresh until its own expiry (unless invalidated); so
         // does a failed append, which is not cached either: the list it would have extended stands.
-        if !current.refreshesAhead && !current.keepsFreshness { freshSince = nil }
-        failedAt = configuration.failureExpiry > .zero && !current.keepsFreshness ? now : nil
-        return .settle(waiters: current.waiters, result: .failure(error))
+        data.fail(
+            error, at: now, keepsFreshness: kind == .refreshAhead || kind == .append,
+            cached: configuration.failureExpiry > .zero && kind != .append)
+        return .settle(waiters: waiters, result: .failure(error), report: report, cancel: handles)
     }
 
-    private mutating func settleCancelled() -> FlightAction {
-        let current = flight!
-        setFlight(nil)
-        phase = current.phaseBefore
-        return .settle(waiters: current.waiters, result: .failure(CancellationError()))
+    private mutating func settleCancelled(now: Duration) -> FlightAction {
+        let report = self.report(at: now)
+        let (waiters, handles) = takeFlight()
+        return .settle(waiters: waiters, result: .failure(CancellationError()), report: report, cancel: handles)
+    }
+
+    /// The flight's duration so far and its attempts.
+    private func report(at now: Duration) -> FlightReport {
+        let flight = flightBox!.flight
+        return FlightReport(duration: now - flight.startedAt, attempts: flight.attempts)
     }
 
     /// When the flight's next attempt starts, or `nil` when its policy gives up after this failure.
     private func retryInstant(for flight: inout Flight, after error: any Error, now: Duration) -> Duration? {
         let policy = flight.policy
-        guard flight.failures < policy.maxAttempts, policy.shouldRetry(error),
+        let failures = data.failureCount
+        guard failures < policy.maxAttempts, policy.shouldRetry(error),
             abandoned.count < AsyncStateLimits.abandonedOperations
         else { return nil }
-        let at = now.saturatingAdd(policy.delay(beforeRetry: flight.failures, using: &flight.random))
+        let at = now.saturatingAdd(policy.delay(beforeRetry: failures, using: &flight.random))
         if let budget = policy.budget, budget <= .zero || at - flight.startedAt > budget { return nil }
         return at
     }
 
+    /// Ends the flight in flight, if any, forgetting it.
     private mutating func endFlight() -> EndedFlight {
-        guard let current = flight else { return .none }
-        setFlight(nil)
-        return .end(waiters: current.waiters)
+        guard flightBox != nil else { return .none }
+        let (waiters, handles) = takeFlight()
+        return .end(waiters: waiters, cancel: handles)
     }
 
-    private mutating func setFlight(_ newFlight: Flight?) {
-        flightBox = newFlight.map(FlightBox.init)
+    /// Forgets the flight; returns its waiters and handles.
+    private mutating func takeFlight() -> (Set<WaiterID>, Handles) {
+        let flight = flightBox!.flight
+        flightBox = nil
+        return (flight.waiters, flight.handles)
+    }
+
+    /// Takes the flight's handles out of it (to be cancelled).
+    private mutating func takeHandles() -> Handles {
+        var handles = Handles()
+        mutateFlight { swap(&handles, &$0.handles) }
+        return handles
     }
 
     /// Mutates the flight in place (copying its box first if another machine shares it).
@@ -707,8 +758,6 @@ struct FetchStateMachine<Value: Sendable, Operation> {
 extension FetchStateMachine {
     /// The snapshot to publish at `now`.
     func snapshot(at now: Duration) -> AsyncSnapshot<Value> {
-        AsyncSnapshot(
-            value: value, phase: phase, isExpired: !isFresh(at: now), failureCount: failureCount,
-            lastError: lastError, lastSuccess: lastSuccess, successCount: successCount, hasValue: hasData)
+        data.snapshot(at: now, expiry: configuration.expiry, isLoading: flightBox != nil)
     }
 }

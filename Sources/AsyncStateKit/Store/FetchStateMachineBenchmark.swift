@@ -4,7 +4,7 @@ import Foundation
 /// benchmarks package (which cannot see internal types). Not API: it may change at any time.
 @_spi(Benchmarks)
 public struct FetchStateMachineBenchmark {
-    private var machine = FetchStateMachine<Int, Void>(
+    private var machine = FetchStateMachine<Int, Void, Never>(
         initialValue: 0, configuration: StoreConfiguration(expiry: .seconds(120), isEmpty: { $0 == 0 }))
     private var now = Duration.zero
     private let date = Date(timeIntervalSinceReferenceDate: 0)
@@ -16,7 +16,7 @@ public struct FetchStateMachineBenchmark {
     /// id handed out so that the work is observable.
     public mutating func cycle() -> UInt64 {
         now += .seconds(1)
-        guard case .start(let attempt, _) = machine.fetch(waiter: 1, mode: .always, now: now, operation: ()) else {
+        guard case .start(let attempt, _) = machine.fetch(waiter: 1, request: .refresh, now: now, operation: ()) else {
             return 0
         }
         _ = machine.attemptFinished(attempt.flight, attempt: attempt.id, outcome: .success(1), now: now, date: date)

@@ -8,8 +8,11 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     struct Contents {
         /// The latest snapshot (its `isExpired` as of publication).
         @usableFromInline var snapshot: AsyncSnapshot<Value>
-        /// When the current data arrived fresh, or `nil` (see `FetchStateMachine.freshSince`).
+        /// When the current data arrived fresh, or `nil` (see ``StateData/freshSince``).
         @usableFromInline var freshSince: Duration?
+        /// Why the flight in flight started and whether the state had a value then; `nil` without a
+        /// flight (see ``FetchStateMachine/flightStart``). What a paged state's `activity` reads.
+        var flightStart: (reason: AsyncStateEvent.Reason, hadValue: Bool)?
         /// The `updates` subscribers, by id.
         var subscribers: [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation] = [:]
         /// The next subscriber id.
@@ -18,17 +21,16 @@ final class SnapshotCell<Value: Sendable>: Sendable {
 
     /// How long data stays fresh (zero or less: never).
     @usableFromInline let expiry: Duration
-    /// How long a hit is answered here, without the store: the expiry, or the refresh-ahead age when
-    /// there is one (an older hit goes to the store, which may start the refresh).
+    /// How long a hit is answered here, without the store (see ``StoreConfiguration/hitWindow``).
     @usableFromInline let hitWindow: Duration
     /// How many snapshots a subscriber that does not keep up may have queued; older ones are dropped.
     static var subscriberBuffer: Int { 64 }
 
     @usableFromInline let contents: LockedValue<Contents>
 
-    init(value: Value, expiry: Duration, refreshAfter: Duration? = nil) {
+    init(value: Value, expiry: Duration, hitWindow: Duration) {
         self.expiry = expiry
-        hitWindow = refreshAfter ?? expiry
+        self.hitWindow = hitWindow
         contents = LockedValue(
             Contents(snapshot: AsyncSnapshot(value: value, phase: .initial, isExpired: true), freshSince: nil))
     }
@@ -50,23 +52,13 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         contents.withLock { $0.snapshot(at: now, expiry: expiry) }
     }
 
-    /// The value if the data is fresh at `now` (and not due for a refresh ahead), else `nil`: the hit
-    /// path of `value` and `fetch`.
-    @inlinable func freshValue(at now: Duration) -> Value? {
+    /// `read` of the contents if the data is fresh at `now` and within the hit window, else `nil`,
+    /// under the lock: the test of every hit path (see ``AsyncStateStore/hit(_:)``; a family's live
+    /// entry is read through it too).
+    @inlinable @inline(__always)
+    func read<Result>(ifFreshAt now: Duration, _ read: (Contents) -> Result) -> Result? {
         contents.withLock { contents in
-            isWithinExpiry(since: contents.freshSince, at: now, expiry: hitWindow) ? contents.snapshot.value : nil
-        }
-    }
-
-    /// The current snapshot if the data is fresh at `now` (and not due for a refresh ahead), else
-    /// `nil`: the hit path of `snapshot(retry:_:)`, the value and its metadata read under one lock.
-    @inlinable
-    func freshSnapshot(at now: Duration) -> AsyncSnapshot<Value>? {
-        contents.withLock { contents in
-            guard isWithinExpiry(since: contents.freshSince, at: now, expiry: hitWindow) else { return nil }
-            var snapshot = contents.snapshot
-            snapshot.isExpired = false
-            return snapshot
+            isWithinExpiry(since: contents.freshSince, at: now, expiry: hitWindow) ? read(contents) : nil
         }
     }
 
@@ -84,10 +76,14 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     /// copy the subscriber list (a reference count); the snapshots are sent after it is released. A
     /// subscriber that arrives in between starts with the new snapshot and is not in the copy, so it
     /// gets it exactly once.
-    func publish(_ snapshot: AsyncSnapshot<Value>, freshSince: Duration?, notifying: Bool = true) {
+    func publish(
+        _ snapshot: AsyncSnapshot<Value>, freshSince: Duration?,
+        flightStart: (reason: AsyncStateEvent.Reason, hadValue: Bool)?, notifying: Bool = true
+    ) {
         let subscribers = contents.withLock { contents -> [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation] in
             contents.snapshot = snapshot
             contents.freshSince = freshSince
+            contents.flightStart = flightStart
             return notifying ? contents.subscribers : [:]
         }
         // `yield` never blocks and runs none of our code: a waiting consumer is resumed by enqueueing it.
@@ -122,6 +118,17 @@ final class SnapshotCell<Value: Sendable>: Sendable {
 }
 
 extension SnapshotCell.Contents {
+    /// The latest value (for ``SnapshotCell/read(ifFreshAt:_:)``).
+    @inlinable var value: Value { snapshot.value }
+
+    /// The latest snapshot, as fresh (for ``SnapshotCell/read(ifFreshAt:_:)``).
+    @inlinable
+    var freshSnapshot: AsyncSnapshot<Value> {
+        var fresh = snapshot
+        fresh.isExpired = false
+        return fresh
+    }
+
     /// The latest snapshot, its `isExpired` as of `now`.
     @inlinable
     func snapshot(at now: Duration, expiry: Duration) -> AsyncSnapshot<Value> {

@@ -13,9 +13,14 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
     /// The longest an attempt may run; `nil` for no limit.
     var timeout: Duration?
     /// Whether `value` serves stale data at once and refreshes it in the background.
-    var staleWhileRevalidate: Bool
+    @usableFromInline var staleWhileRevalidate: Bool
     /// The age at which a hit on fresh data starts a background refresh; `nil` for never.
     @usableFromInline var refreshAfter: Duration?
+
+    /// How long data is answered as a hit, without asking the machine: the refresh-ahead age when
+    /// there is one (older data goes to the machine, which may start the refresh), else the expiry.
+    /// The one definition of the hit window, for the machine, the states' cells and the families.
+    @inlinable var hitWindow: Duration { refreshAfter ?? expiry }
 
     /// Normalizes: every duration is clamped to `0...AsyncStateLimits.maximumDuration`; a zero or
     /// negative `timeout` means none (documented on ``AsyncState``), so it cannot fail every attempt at

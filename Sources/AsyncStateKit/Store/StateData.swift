@@ -1,0 +1,188 @@
+public import Foundation
+
+/// What a state knows besides its flight: its value, the phase it settled in, when its data arrived
+/// fresh, and its metadata. One value type with the rules that change it, so that a state's machine
+/// (``FetchStateMachine``, whose idle state is this value) and a family's entry at rest (which keeps
+/// this value, packed; see ``FamilyShard``) follow the same rules by calling the same methods.
+///
+/// It never says `loading`: a flight is the machine's, and the machine's phase is `loading` exactly
+/// while it has one. ``phase`` is the phase the state settled in last, which a cancelled flight leaves
+/// as it was.
+@usableFromInline
+struct StateData<Value: Sendable> {
+    /// The latest value: the initial one until a success or a write, then kept through later flights
+    /// and failures.
+    @usableFromInline var value: Value
+    /// The phase the state last settled in: `initial`, `success`, `empty` or `failure`.
+    @usableFromInline var phase: AsyncPhase
+    /// When the current data arrived fresh; `nil` when there is none or it was invalidated or failed.
+    @usableFromInline var freshSince: Duration?
+    /// When the current failure settled, while it may still be answered from the negative cache.
+    @usableFromInline var failedAt: Duration?
+    /// Until when restored data (see ``restore(_:isEmpty:lastSuccess:now:date:restoredFor:)``) is
+    /// answered at once under refresh ahead, stale, while one refetch runs; `nil` when the data was
+    /// not restored or newer data, an invalidation or a reset has come since.
+    @usableFromInline var restoredUntil: Duration?
+    /// Whether ``value`` came from a success or a write (not the initial value): stale-while-revalidate
+    /// serves it, archives save it.
+    @usableFromInline var hasValue: Bool
+    /// Whether ``value`` was empty when it arrived (by the emptiness test then, or as an archive said):
+    /// what the phase said of it, kept while a later flight loads or fails. Archives save it.
+    @usableFromInline var valueIsEmpty: Bool
+    /// Failed attempts of the current (or last) fetch; back to zero when a fetch starts or succeeds.
+    @usableFromInline var failureCount: Int
+    /// The error of the most recent failed attempt, even if a later fetch succeeded.
+    @usableFromInline var lastError: (any Error)?
+    /// The wall date of the most recent success.
+    @usableFromInline var lastSuccess: Date?
+    /// How many fetches have succeeded.
+    @usableFromInline var successCount: Int
+
+    /// A state that has only its initial value.
+    init(initialValue: Value) {
+        value = initialValue
+        phase = .initial
+        hasValue = false
+        valueIsEmpty = false
+        failureCount = 0
+        successCount = 0
+    }
+
+    /// Data at rest (see ``isAtRest``), from the fields a family's compact entry keeps.
+    @inlinable
+    init(
+        atRest value: Value, phase: AsyncPhase, freshSince: Duration?, lastError: (any Error)?, lastSuccess: Date?,
+        successCount: Int, restoredUntil: Duration?
+    ) {
+        self.value = value
+        self.phase = phase
+        self.freshSince = freshSince
+        self.restoredUntil = restoredUntil
+        hasValue = true
+        valueIsEmpty = phase.kind == .empty
+        failureCount = 0
+        self.lastError = lastError
+        self.lastSuccess = lastSuccess
+        self.successCount = successCount
+    }
+
+    /// Whether this is all a state needs to keep while nobody uses it: a value that succeeded (or was
+    /// set, or is empty), no failure. A family then keeps only this, packed (a machine with no flight
+    /// and no abandoned operation keeps nothing else but its ids and jitter seeds).
+    var isAtRest: Bool {
+        guard hasValue, failedAt == nil, failureCount == 0 else { return false }
+        switch phase {
+        case .success, .empty: return true
+        case .initial, .loading, .failure: return false
+        }
+    }
+
+    // MARK: Freshness
+
+    /// Whether the data is fresh at `now`: it arrived less than `expiry` ago and was not invalidated.
+    /// `initial` and `failure` are never fresh.
+    @inlinable
+    func isFresh(at now: Duration, expiry: Duration) -> Bool {
+        isWithinExpiry(since: freshSince, at: now, expiry: expiry)
+    }
+
+    /// The snapshot at `now`, for data that stays fresh for `expiry`; its phase is `loading` while
+    /// `isLoading` (a flight runs).
+    @inlinable
+    func snapshot(at now: Duration, expiry: Duration, isLoading: Bool = false) -> AsyncSnapshot<Value> {
+        AsyncSnapshot(
+            value: value, phase: isLoading ? .loading : phase, isExpired: !isFresh(at: now, expiry: expiry),
+            failureCount: failureCount, lastError: lastError, lastSuccess: lastSuccess, successCount: successCount,
+            hasValue: hasValue)
+    }
+
+    // MARK: Changes
+
+    /// How a success treats the data's freshness.
+    enum Freshness {
+        /// Fresh from the instant given.
+        case from(Duration)
+        /// Expired already (the data was invalidated while it was being fetched).
+        case expired
+        /// As it was (an appended page: a list is as old as its first page).
+        case unchanged
+    }
+
+    /// A fetch succeeded with `newValue` (empty by `isEmpty`) on `date`.
+    mutating func succeed(_ newValue: Value, isEmpty: Bool, date: Date, freshness: Freshness) {
+        value = newValue
+        hasValue = true
+        valueIsEmpty = isEmpty
+        phase = isEmpty ? .empty : .success(date)
+        restoredUntil = nil
+        switch freshness {
+        case .from(let now): freshSince = now
+        case .expired: freshSince = nil
+        case .unchanged: break
+        }
+        failedAt = nil
+        failureCount = 0
+        lastSuccess = date
+        successCount += 1
+    }
+
+    /// A fetch failed for good with `error` at `now`. Its data stays fresh until its own expiry if
+    /// `keepsFreshness` (a failed refresh ahead, a failed append); the failure is answered from the
+    /// negative cache from `now` if `cached`.
+    mutating func fail(_ error: any Error, at now: Duration, keepsFreshness: Bool, cached: Bool) {
+        phase = .failure(error)
+        if !keepsFreshness { freshSince = nil }
+        failedAt = cached ? now : nil
+    }
+
+    /// A write (`set`): `newValue`, empty by `isEmpty`, fresh from `now`.
+    mutating func set(_ newValue: Value, isEmpty: Bool, now: Duration, date: Date) {
+        value = newValue
+        hasValue = true
+        valueIsEmpty = isEmpty
+        phase = isEmpty ? .empty : .success(date)
+        freshSince = now
+        failedAt = nil
+        restoredUntil = nil
+    }
+
+    /// `invalidate()`: the data is expired now, for every interval; a cached failure is forgotten, and
+    /// restored data is no longer answered at once. Returns whether a snapshot changed: only data fresh
+    /// at `now` (for `expiry`) becoming expired changes one.
+    mutating func invalidate(now: Duration, expiry: Duration) -> Bool {
+        let visible = isFresh(at: now, expiry: expiry)
+        freshSince = nil
+        failedAt = nil
+        restoredUntil = nil
+        return visible
+    }
+
+    /// A warm restart: `newValue` as expired data (see ``FetchStateMachine/restore(_:isEmpty:lastSuccess:now:date:)``),
+    /// answered at once until `restoredUntil` (under refresh ahead), or never (`nil`).
+    mutating func restore(
+        _ newValue: Value, isEmpty: Bool, lastSuccess: Date?, date: Date, restoredUntil: Duration?
+    ) {
+        value = newValue
+        hasValue = true
+        valueIsEmpty = isEmpty
+        phase = isEmpty ? .empty : .success(lastSuccess ?? date)
+        self.lastSuccess = lastSuccess
+        freshSince = nil
+        self.restoredUntil = restoredUntil
+        failedAt = nil
+        failureCount = 0
+    }
+
+    /// What a warm restart saves: the value, whether it is empty — as the phase said when it arrived,
+    /// not as the emptiness test says now — and when it last succeeded; `nil` without a value.
+    var archived: (value: Value, isEmpty: Bool, lastSuccess: Date?)? {
+        hasValue ? (value, valueIsEmpty, lastSuccess) : nil
+    }
+
+    /// Whether anything a reader can see differs from a state that has only its initial value.
+    var differsFromInitial: Bool {
+        let isInitial = if case .initial = phase { true } else { false }
+        return hasValue || !isInitial || failureCount != 0 || lastError != nil || lastSuccess != nil
+            || successCount != 0
+    }
+}
