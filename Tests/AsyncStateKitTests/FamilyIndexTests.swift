@@ -85,18 +85,18 @@ import Testing
         }
         func check(_ step: Int) {
             #expect(shard.count == reference.count, "step \(step)")
-            let mask = shard.records.count - 1
+            let mask = shard.table.records.count - 1
             var far = 0
             for (key, value) in reference {
                 #expect(lookUp(key) == value, "step \(step), key \(key.id)")
                 guard let slot = shard.slot(of: key) else { continue }
-                let position = shard.at(Int(slot))
-                let record = shard.records[position]
+                let position = shard.table.at(Int(slot))
+                let record = shard.table.records[position]
                 #expect(record.key == key && record.slot == slot, "step \(step), key \(key.id)")
-                let home = shard.index.home(SlotIndex.tag(key.hashValue), mask: mask)
+                let home = shard.table.index.home(SlotIndex.tag(key.hashValue), mask: mask)
                 let distance = (position - home) & mask
-                if distance >= FamilyShard<Colliding, Int>.nearby { far += 1 }
-                let gap = (0..<distance).first { shard.records[(home + $0) & mask].key == nil }
+                if distance >= RecordTable<Colliding, Int>.nearby { far += 1 }
+                let gap = (0..<distance).first { shard.table.records[(home + $0) & mask].key == nil }
                 #expect(gap == nil, "step \(step), key \(key.id): a free position before its record")
             }
             for key in removed.suffix(20) where reference[key] == nil {
@@ -126,7 +126,7 @@ import Testing
         #expect(reference.count > 400)
     }
 
-    /// With hashes spread, nearly every record is within ``FamilyShard/nearby`` positions of its
+    /// With hashes spread, nearly every record is within ``RecordTable/nearby`` positions of its
     /// home, where a hit finds it without the index — also after many removals and new entries,
     /// which move records back rather than leave them where they were put (at this fill, 61 % of
     /// the positions, linear probing puts about 94 % there; when a removal only freed its position,
@@ -139,7 +139,7 @@ import Testing
         for key in present {
             _ = shard.setIfCompact(key, for: key, at: .zero, date: .now)
         }
-        #expect(shard.records.count == 4_096)
+        #expect(shard.table.records.count == 4_096)
         // 10,000 removals, each followed by a new key: the fill stays the same.
         for next in 2_500..<12_500 {
             let position = random.next(present.count)
@@ -147,8 +147,8 @@ import Testing
             present[position] = next
             _ = shard.setIfCompact(next, for: next, at: .zero, date: .now)
         }
-        #expect(shard.records.count == 4_096)
-        shard.index = SlotIndex()
+        #expect(shard.table.records.count == 4_096)
+        shard.table.index = SlotIndex()
         let found = present.filter { key in
             shard.freshValue(of: key, hash: key.hashValue, at: .zero, hitWindow: .seconds(1)) == key
         }
@@ -236,7 +236,7 @@ import Testing
 @Suite struct FrequencySketchTests {
     /// The counters of the key with `hash`: (word index, bit shift) for each of its four rows.
     static func counters(of hash: Int, in sketch: FrequencySketch) -> [(word: Int, shift: UInt64)] {
-        let spread = FrequencySketch.spread(hash)
+        let spread = KeyHash.mix(hash)
         let base = (Int(truncatingIfNeeded: spread) & sketch.blockMask) * 8
         return (0..<4).map { row in
             let (word, shift) = FrequencySketch.position(spread, row: row)

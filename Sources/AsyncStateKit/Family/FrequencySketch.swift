@@ -70,7 +70,7 @@ struct FrequencySketch {
     /// Counts one use of the key with hash `hash`: raises its smallest counters (saturating at 15).
     @inlinable
     mutating func increment(_ hash: Int) {
-        let spread = Self.spread(hash)
+        let spread = KeyHash.mix(hash)
         let base = (Int(truncatingIfNeeded: spread) & blockMask) &* 8
         let smallest = UInt64(estimate(hash))
         guard smallest != 0xF else { return }
@@ -88,7 +88,7 @@ struct FrequencySketch {
     /// The estimated number of recent uses of the key with hash `hash` (0 to 15).
     @inlinable
     func estimate(_ hash: Int) -> Int {
-        let spread = Self.spread(hash)
+        let spread = KeyHash.mix(hash)
         let block = Int(truncatingIfNeeded: spread) & blockMask
         var smallest = 15
         for row in 0..<4 {
@@ -103,16 +103,6 @@ struct FrequencySketch {
     mutating func halve() {
         for index in words.indices { words[index] = (words[index] >> 1) & 0x7777_7777_7777_7777 }
         counted /= 2
-    }
-
-    /// Mixes `hash` (a `Hasher` value is already well mixed, but a key type's own `hashValue` may not
-    /// be).
-    @inlinable
-    static func spread(_ hash: Int) -> UInt64 {
-        var x = UInt64(bitPattern: Int64(hash))
-        x = (x ^ (x >> 33)) &* 0xFF51_AFD7_ED55_8CCD
-        x = (x ^ (x >> 33)) &* 0xC4CE_B9FE_1A85_EC53
-        return x ^ (x >> 33)
     }
 
     /// The word (0 to 7, a different pair per row) and bit shift of row `row`'s counter.

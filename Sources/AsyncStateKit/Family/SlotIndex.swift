@@ -2,8 +2,8 @@
 /// linear probing and backward-shift deletion (no tombstones), in one array of 64-bit buckets that
 /// hold half of the key's mixed hash and the position. Finding a key reads its buckets, then compares
 /// the key in the record only where the hash's half matches. The keys themselves live in the shard's
-/// records; the shard reads the index only for a key whose record is not near its home (see
-/// ``FamilyShard/position(of:hash:)``), or that has none.
+/// records; the table reads the index only for a key whose record is not near its home (see
+/// ``RecordTable/position(of:hash:)``), or that has none.
 ///
 /// The table is at most half full, so a probe is short; it doubles when it would not be. A key's home
 /// bucket is read from the half of its hash that the bucket keeps, so growing needs no key.
@@ -29,7 +29,7 @@ struct SlotIndex {
     /// The half of `hash`, mixed, that a bucket keeps. Mixed first: a key type's own `hashValue` may
     /// leave the upper bits zero (as may a 32-bit `Int`), which would put every key in one run.
     @inlinable
-    static func tag(_ hash: Int) -> UInt64 { FrequencySketch.spread(hash) >> 32 }
+    static func tag(_ hash: Int) -> UInt64 { KeyHash.mix(hash) >> 32 }
 
     /// The first bucket to probe for a key whose hash has `tag`.
     @inlinable
