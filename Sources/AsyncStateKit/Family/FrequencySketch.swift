@@ -8,8 +8,7 @@
 /// smallest of the four: collisions only ever overestimate. A use raises only the counters equal to
 /// that smallest one (a conservative update, Estan and Varghese 2002): a counter then never exceeds
 /// the largest estimate among the keys that share it, where a plain count-min sketch adds up all
-/// their uses. On the `HitRatio` traces this gained up to 0.5 points, and lost nowhere more than the
-/// 0.1 point two runs differ by.
+/// their uses (what that gains: Benchmarks/README.md, "Why the code is shaped so").
 ///
 /// The sketch grows with the cache rather than being sized for its capacity up front (Caffeine's
 /// `ensureCapacity`): it starts with room for ``minimumCapacity`` entries and doubles as entries

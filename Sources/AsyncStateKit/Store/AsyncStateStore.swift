@@ -1,21 +1,5 @@
 import Foundation
 
-/// The attempts the current task is running (directly, through nested states, or because it
-/// inherited the context of a task that does), so that the machine can refuse a call that would wait
-/// for its own result. Only an attempt that is still current counts, so a task an operation started
-/// may call the state once that attempt is over.
-@usableFromInline
-enum OperationContext {
-    /// One running attempt: which store, which attempt.
-    @usableFromInline
-    struct Entry: Sendable {
-        var store: ObjectIdentifier
-        var attempt: UInt64
-    }
-
-    @TaskLocal static var running: [Entry] = []
-}
-
 /// The shell of an ``AsyncState``: it feeds events to a ``FetchStateMachine`` under its lock and
 /// performs the actions — starts and cancels the attempts' tasks, sleeps out backoffs and timeouts,
 /// resumes waiters, publishes snapshots. It decides nothing itself.
@@ -167,11 +151,13 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         core = LockedValue(Core(machine: machine))
     }
 
-    /// The store's data if it may rest: the machine may (``FetchStateMachine/restingData``) and
-    /// nobody listens (no `updates` subscriber). A family keeps only this for an entry nobody uses (it
-    /// asks only when no caller uses the entry).
-    var restingData: StateData<Value>? {
-        core.withLock { core in cell.subscriberCount == 0 ? core.machine.restingData : nil }
+    /// The store's data if its family entry may rest (become compact), else `nil`: the one place that
+    /// decides it. It may when no caller uses the entry (`users`, the family's count of callers
+    /// between a pin and its unpin), nobody listens (no `updates` subscriber), and the machine may
+    /// (``FetchStateMachine/restingData``: no flight, no abandoned operation, data at rest).
+    func restingData(users: Int32) -> StateData<Value>? {
+        guard users == 0 else { return nil }
+        return core.withLock { core in cell.subscriberCount == 0 ? core.machine.restingData : nil }
     }
 
     /// Runs an event under the lock, then performs what it left to do.
@@ -394,7 +380,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// An attempt's operation returned or threw.
-    private func attemptFinished(
+    func attemptFinished(
         _ flight: Machine.FlightID, _ attempt: Machine.AttemptID, _ outcome: Machine.Outcome
     ) {
         withCore { core, effects in
@@ -406,7 +392,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// An attempt's timeout fired: the attempt is abandoned (cancelled, its late result dropped).
-    private func attemptTimedOut(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID) {
+    func attemptTimedOut(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID) {
         withCore { core, effects in
             let now = clock.now()
             perform(core.machine.attemptTimedOut(flight, attempt: attempt, now: now), at: now, in: &core, &effects)
@@ -414,7 +400,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// A backoff ended, or its sleep threw `error`.
-    private func backoffEnded(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID, error: (any Error)?) {
+    func backoffEnded(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID, error: (any Error)?) {
         withCore { core, effects in
             let now = clock.now()
             perform(
@@ -509,73 +495,5 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         }
         core.machine.attach(task: task, timer: timer)
         publish(core.machine, at: now)
-    }
-
-    /// Suspends the caller until its waiter is resumed. A cancelled caller leaves at once and tells the
-    /// machine, which ends the flight if it was the last waiter.
-    /// Always inlined, so that its frame is part of its caller's: a waiting task's frames then fit in
-    /// the memory the runtime gives a new task (984 bytes), and a joiner mallocs no second slab.
-    @inlinable @inline(__always)
-    func wait(_ waiter: Machine.WaiterID) async throws -> Value {
-        let outcome = await withTaskCancellationHandler {
-            await withUnsafeContinuation { (continuation: UnsafeContinuation<WaiterOutcome, Never>) in
-                let early = core.withLock { core -> WaiterOutcome? in
-                    switch core.waiterSlots[waiter] {
-                    case .resolved(let outcome):
-                        core.waiterSlots[waiter] = nil
-                        return outcome
-                    case .pending:
-                        break
-                    case .waiting, nil:
-                        assertionFailure("waiter \(waiter) waited for twice, or without a ticket")
-                    }
-                    core.waiterSlots[waiter] = .waiting(continuation)
-                    return nil
-                }
-                if let early { continuation.resume(returning: early) }
-            }
-        } onCancel: {
-            waiterCancelled(waiter)
-        }
-        return try outcome.result(as: Value.self)
-    }
-
-    /// The number of waiters whose slots are still in the table (for tests).
-    var waiterCount: Int { core.withLock { $0.waiterSlots.count } }
-
-    /// The attempt's task: runs the operation, marked as this attempt for the reentrancy check, and
-    /// reports how it ended — always, whatever it threw, so the machine sees every end.
-    private func launch(_ attempt: Machine.Attempt) -> Task<Void, Never> {
-        let marked = OperationContext.running + [.init(store: ObjectIdentifier(self), attempt: attempt.id)]
-        let (operation, flight, id) = (attempt.operation, attempt.flight, attempt.id)
-        return Task(executorPreference: clock.executor) { [self] in
-            let outcome: Machine.Outcome
-            do {
-                outcome = .success(try await OperationContext.$running.withValue(marked) { try await operation() })
-            } catch is CancellationError {
-                outcome = .cancelled
-            } catch {
-                outcome = .failure(error)
-            }
-            attemptFinished(flight, id, outcome)
-        }
-    }
-
-    /// A timer: sleeps until `deadline` on the clock, then runs `fired` with the error the sleep threw,
-    /// if any. A cancelled timer does nothing (whoever cancelled it has moved on).
-    private func schedule(
-        at deadline: Duration, _ fired: @escaping @Sendable (AsyncStateStore<Value>, (any Error)?) -> Void
-    ) -> Task<Void, Never> {
-        Task(executorPreference: clock.executor) { [self, clock] in
-            let failure: (any Error)?
-            do {
-                try await clock.sleep(deadline)
-                failure = nil
-            } catch {
-                failure = error
-            }
-            if Task.isCancelled { return }
-            fired(self, failure)
-        }
     }
 }

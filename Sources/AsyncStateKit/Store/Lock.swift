@@ -75,8 +75,7 @@ package final class LockStorage<Value>: ManagedBuffer<Value, UInt64> {
 
 /// Takes and releases a ``LockStorage``'s mutex: out of line, so that inlinable callers need not see
 /// the C library, and not members of the generic `LockStorage`, whose static methods need its type's
-/// metadata: an inlined `withLock` then looked it up (a call, cached) on every lock — under 1 % of a
-/// hit in `perf`, too little to see in its time on this machine.
+/// metadata: an inlined `withLock` would look it up (a call, cached) on every lock.
 @usableFromInline
 enum MutexWords {
     /// Takes the mutex at `words`.

@@ -1,0 +1,80 @@
+import Foundation
+
+extension AsyncStateFamily {
+    // MARK: Warm restarts
+
+    /// Every entry's data saved for a warm restart, by key (entries without a value are left out),
+    /// like ``AsyncState/archive``.
+    public var archive: [Key: AsyncStateArchive<Value>] {
+        var archives: [Key: AsyncStateArchive<Value>] = [:]
+        for node in core.entries {
+            guard let saved = node.archived, let value = saved.value else { continue }
+            archives[node.key] = AsyncStateArchive(
+                value: value, phase: saved.isEmpty ? .empty : .success, lastSuccess: saved.lastSuccess)
+        }
+        return archives
+    }
+
+    /// Loads data saved by ``archive`` as stale data, like ``AsyncState/restore(_:)``: a key that
+    /// already has a value or a fetch in flight keeps it. The family's capacity holds: restoring more
+    /// keys than it holds evicts as using them would.
+    ///
+    /// - Returns: How many keys were restored.
+    /// - Throws: ``AsyncStateArchiveError`` if any archive has an unknown format version or phase;
+    ///   then none is restored.
+    @discardableResult
+    public func restore(_ archives: [Key: AsyncStateArchive<Value>]) throws(AsyncStateArchiveError) -> Int {
+        var valid: [(Key, AsyncStateArchive<Value>)] = []
+        valid.reserveCapacity(archives.count)
+        for (key, archive) in archives { valid.append((key, try archive.validated())) }
+        var restored = 0
+        for (key, archive) in valid {
+            let done = core.usingNow(key) { store in
+                store.restore(archive.value, isEmpty: archive.phase == .empty, lastSuccess: archive.lastSuccess)
+            }
+            if done { restored += 1 }
+        }
+        return restored
+    }
+
+    /// Writes `value` for `key`, fresh from now, like ``AsyncState/set(_:)`` (a fetch in flight for the
+    /// key ends and its callers get `value`). Reports the value it replaced, if any, as
+    /// ``AsyncStateFamilyRemovalReason/replaced``.
+    public func set(_ value: Value, for key: Key) {
+        if let previous = core.set(value, for: key) { core.reportReplaced(key, previous) }
+    }
+
+    /// Marks `key`'s data expired, like ``AsyncState/invalidate()``; no entry, nothing to do.
+    public func invalidate(_ key: Key) {
+        core.invalidate(key)
+    }
+
+    /// Cancels `key`'s fetch in flight, like ``AsyncState/cancel()``.
+    public func cancel(_ key: Key) {
+        core.cancel(key)
+    }
+
+    /// Removes `key`'s entry: its fetch in flight is cancelled (its callers get `CancellationError`),
+    /// its `updates(for:)` streams finish, and `onRemoval` is told. Returns whether there was one.
+    @discardableResult
+    public func remove(_ key: Key) -> Bool {
+        core.remove(key)
+    }
+
+    // MARK: Changing every key
+
+    /// Marks the data of every key that `isIncluded` accepts expired.
+    public func invalidate(where isIncluded: (Key) throws -> Bool) rethrows {
+        try core.invalidate(where: isIncluded)
+    }
+
+    /// Marks every key's data expired.
+    public func invalidateAll() {
+        core.invalidate { _ in true }
+    }
+
+    /// Removes every entry, as ``remove(_:)`` does each.
+    public func removeAll() {
+        core.removeAll()
+    }
+}

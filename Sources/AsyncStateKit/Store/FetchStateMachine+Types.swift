@@ -1,0 +1,231 @@
+import Foundation
+
+/// Why a caller asks a state for its value: the one description of a request, given to the machine,
+/// which derives from it everything that depends on it — how fresh, failed and stale data are
+/// treated, why a flight it starts started (for the observer), and what a paged state is reading.
+@usableFromInline
+enum FetchRequest: Equatable, Sendable {
+    /// `value`, `snapshot`, one key of a batch: fresh data at once, stale data at once under
+    /// stale-while-revalidate, otherwise the flight in flight or a new one.
+    case value
+    /// `fetch`: as ``value``, but waits for the flight even under stale-while-revalidate.
+    case fetch
+    /// `refresh`: always runs the operation, replacing the flight in flight.
+    case refresh
+    /// `run(every:)`: its first call as ``fetch``; the later ones join the flight in flight, otherwise
+    /// start one whatever the freshness and the failure expiry.
+    case periodic(first: Bool)
+    /// A paged state's `loadMore`: joins the flight in flight, otherwise starts one, which leaves the
+    /// data's freshness as it was, succeeding or failing (a list is as old as its first page); a
+    /// ``value`` or ``fetch`` on expired data replaces such a flight instead of joining it.
+    case loadMore
+}
+
+extension FetchStateMachine {
+    /// What a flight is for, which decides how its end treats the data.
+    @usableFromInline
+    enum FlightKind {
+        /// Callers wait for it; it ends when the last one leaves.
+        case foreground
+        /// A paged state's append to data it has: its end leaves the data's freshness as it was.
+        case append
+        /// Started for a caller that got stale data at once (stale-while-revalidate, restored data):
+        /// it goes on when its waiters leave.
+        case background
+        /// A refresh ahead, started while the data was still fresh: it goes on when its waiters leave,
+        /// and if it fails the data stays fresh until its own expiry.
+        case refreshAhead
+
+        /// Whether it goes on with no waiter.
+        @inlinable var keepsAlive: Bool { self == .background || self == .refreshAhead }
+    }
+
+    /// Where a flight is: its current attempt runs, or waits out a backoff.
+    @usableFromInline
+    enum Stage {
+        /// Attempt `attempt` runs.
+        case running(AttemptID)
+        /// Attempt `attempt` starts at `until`.
+        case backingOff(AttemptID, until: Duration)
+
+        /// The current attempt: running, or due after the backoff.
+        @inlinable var attempt: AttemptID {
+            switch self {
+            case .running(let attempt), .backingOff(let attempt, _): return attempt
+            }
+        }
+    }
+
+    /// The shell's handles of a flight (or of a step of one) to cancel once the lock is released: its
+    /// attempt's task and its timer (of the attempt's timeout, or of the backoff).
+    @usableFromInline
+    struct Handles {
+        @usableFromInline var attempt: Handle?
+        @usableFromInline var timer: Handle?
+
+        @inlinable init(attempt: Handle? = nil, timer: Handle? = nil) {
+            (self.attempt, self.timer) = (attempt, timer)
+        }
+    }
+
+    /// The operation run in flight, who waits for it, and everything else alive while it runs.
+    @usableFromInline
+    struct Flight {
+        /// This flight's id; events carrying another id are stale.
+        var id: FlightID
+        /// The operation: kept for the flight's attempts only.
+        var operation: Operation
+        /// Its current attempt, running or due.
+        @usableFromInline var stage: Stage
+        /// The callers waiting for its outcome: a set, so that one leaves in O(1).
+        @usableFromInline var waiters: Set<WaiterID>
+        /// What it is for.
+        @usableFromInline var kind: FlightKind
+        /// Why it started (the observer's `started`).
+        var reason: Reason
+        /// Whether the state had a value when it started (a paged state's activity).
+        var startedWithValue: Bool
+        /// Set by ``invalidate(now:)`` during the flight: its result lands already expired.
+        var expiresOnArrival: Bool
+        /// How failed attempts are retried.
+        var policy: RetryPolicy
+        /// When the flight started (for the retry budget and the observer's duration).
+        var startedAt: Duration
+        /// Attempts started so far.
+        var attempts: Int
+        /// The jitter generator for this flight's retries.
+        var random: SplitMix64
+        /// The shell's handles of the running attempt and of the pending timer.
+        @usableFromInline var handles: Handles
+
+        /// The current attempt's id.
+        @inlinable var attempt: AttemptID { stage.attempt }
+
+        /// When the current attempt starts, while the flight waits out a backoff; `nil` while it runs.
+        @inlinable var retryAt: Duration? {
+            if case .backingOff(_, let until) = stage { return until } else { return nil }
+        }
+    }
+
+    /// How the ``FetchRequest`` treats fresh, failed and stale data.
+    @usableFromInline
+    enum FetchMode: Sendable {
+        /// Fresh data (or a failure within the failure expiry) is answered without running the
+        /// operation; otherwise the caller joins the flight in flight or starts one.
+        case ifExpired
+        /// Always runs the operation, replacing any flight in flight.
+        case always
+        /// Joins the flight in flight, otherwise starts one whatever the freshness.
+        case joinOrStart
+        /// As ``joinOrStart``, for an append (see ``FetchRequest/loadMore``).
+        case append
+        /// As ``ifExpired``, except that stale data is returned at once while a background flight
+        /// refreshes it.
+        case staleWhileRevalidate
+    }
+
+    /// What an operation's attempt ended with.
+    enum Outcome {
+        /// It returned a value.
+        case success(Value)
+        /// It threw an error other than `CancellationError`.
+        case failure(any Error)
+        /// It threw `CancellationError` (by itself or because it was cancelled).
+        case cancelled
+    }
+
+    /// An attempt for the shell to run now: run `operation` in a task, give the task and the timer
+    /// to ``attach(task:timer:)``, report its end with ``attemptFinished(_:attempt:outcome:now:date:)``,
+    /// and, if `timeoutAt` is set, report ``attemptTimedOut(_:attempt:now:)`` at that instant unless it
+    /// ended first.
+    @usableFromInline
+    struct Attempt {
+        /// The flight it belongs to.
+        var flight: FlightID
+        /// Its id.
+        @usableFromInline var id: AttemptID
+        /// What it runs.
+        var operation: Operation
+        /// When it times out; `nil` for never.
+        var timeoutAt: Duration?
+        /// Why its flight started, if it is the flight's first attempt (the observer's `started`);
+        /// `nil` for a later attempt.
+        var starts: Reason?
+    }
+
+    /// What to do after ``fetch(waiter:request:now:policy:operation:callerAttempts:)``.
+    @usableFromInline
+    enum FetchAction {
+        /// Give the caller this value now; it does not wait. Nothing starts. `stale`: the data is not
+        /// fresh (stale-while-revalidate, restored data under refresh ahead): a stale serve, not a hit.
+        case returnValue(Value, stale: Bool)
+        /// Give the caller this value now — stale (stale-while-revalidate, restored data) or fresh but
+        /// due for a refresh ahead — and start this background attempt (a new flight with no waiters).
+        case returnValueAndStart(Value, Attempt, stale: Bool)
+        /// Throw this error to the caller now (a cached failure, a reentrant call, too many abandoned
+        /// operations). Nothing changes.
+        case fail(any Error)
+        /// The caller joined the flight in flight and waits for it.
+        case join
+        /// The flight in flight, if `replaced` is set, ended (cancel its handles; its outcome is
+        /// `cancelled`); start `attempt`, a new flight the caller waits for.
+        case start(Attempt, replaced: Handles?)
+    }
+
+    /// What to do after ``retry(waiter:operation:now:callerAttempts:)``.
+    enum RetryAction {
+        /// Cancel `cancel` (a backoff's timer) and start this attempt now; the caller waits.
+        case start(Attempt, cancel: Handles)
+        /// Nothing to re-run: return at once.
+        case ignore
+    }
+
+    /// How long a flight ran and how many attempts it started, for the observer.
+    struct FlightReport {
+        var duration: Duration
+        var attempts: Int
+    }
+
+    /// What to do after an attempt ended, timed out, or its backoff ended. Each carries the handles
+    /// it ended, to cancel once the lock is released.
+    enum FlightAction {
+        /// The event is stale (another attempt or flight is current): change nothing.
+        case drop
+        /// Attempt number `attempts` failed with `error` and will be retried: at `at` report
+        /// ``backoffEnded(_:attempt:error:now:)`` for `attempt` (attach the timer).
+        case retry(flight: FlightID, attempt: AttemptID, at: Duration, error: any Error, attempts: Int, cancel: Handles)
+        /// Start this attempt now.
+        case start(Attempt, cancel: Handles)
+        /// The flight settled: resume `waiters` with `result`.
+        case settle(waiters: Set<WaiterID>, result: Result<Value, any Error>, report: FlightReport, cancel: Handles)
+    }
+
+    /// What to do after ``waiterCancelled(_:)``: what becomes of the flight. A waiter that was still in
+    /// it gets `CancellationError` (the store takes it out of its table of waiters); one that was not
+    /// keeps the outcome it already got (see `WaiterSlot`).
+    @usableFromInline
+    enum WaiterCancelledAction {
+        /// The waiter was no longer waiting (already resumed): nothing to do.
+        case none
+        /// It left; the flight goes on for the others (or in the background).
+        case left
+        /// It was the flight's last waiter: the flight ended (its outcome is `cancelled`); cancel its
+        /// handles.
+        case leftAndEndedFlight(cancel: Handles)
+    }
+
+    /// What to do with a flight that an event ended early.
+    enum EndedFlight {
+        /// There was no flight.
+        case none
+        /// Cancel its handles and resume `waiters` (with what the event says).
+        case end(waiters: Set<WaiterID>, cancel: Handles)
+    }
+
+    /// The box of ``flightBox``.
+    @usableFromInline
+    final class FlightBox {
+        @usableFromInline var flight: Flight
+        @usableFromInline init(_ flight: Flight) { self.flight = flight }
+    }
+}
