@@ -108,19 +108,26 @@ struct StateData<Value: Sendable> {
         case unchanged
     }
 
-    /// A fetch succeeded with `newValue` (empty by `isEmpty`) on `date`.
-    mutating func succeed(_ newValue: Value, isEmpty: Bool, date: Date, freshness: Freshness) {
+    /// New data arrives: `newValue`, empty by `isEmpty`, in a phase dated `date`. What a success, a
+    /// write and a restore share: the value is the data's, the phase says what it is, and a cached
+    /// failure and a restored window are over.
+    private mutating func receive(_ newValue: Value, isEmpty: Bool, date: Date) {
         value = newValue
         hasValue = true
         valueIsEmpty = isEmpty
         phase = isEmpty ? .empty : .success(date)
+        failedAt = nil
         restoredUntil = nil
+    }
+
+    /// A fetch succeeded with `newValue` (empty by `isEmpty`) on `date`.
+    mutating func succeed(_ newValue: Value, isEmpty: Bool, date: Date, freshness: Freshness) {
+        receive(newValue, isEmpty: isEmpty, date: date)
         switch freshness {
         case .from(let now): freshSince = now
         case .expired: freshSince = nil
         case .unchanged: break
         }
-        failedAt = nil
         failureCount = 0
         lastSuccess = date
         successCount += 1
@@ -137,13 +144,8 @@ struct StateData<Value: Sendable> {
 
     /// A write (`set`): `newValue`, empty by `isEmpty`, fresh from `now`.
     mutating func set(_ newValue: Value, isEmpty: Bool, now: Duration, date: Date) {
-        value = newValue
-        hasValue = true
-        valueIsEmpty = isEmpty
-        phase = isEmpty ? .empty : .success(date)
+        receive(newValue, isEmpty: isEmpty, date: date)
         freshSince = now
-        failedAt = nil
-        restoredUntil = nil
     }
 
     /// `invalidate()`: the data is expired now, for every interval; a cached failure is forgotten, and
@@ -162,14 +164,10 @@ struct StateData<Value: Sendable> {
     mutating func restore(
         _ newValue: Value, isEmpty: Bool, lastSuccess: Date?, date: Date, restoredUntil: Duration?
     ) {
-        value = newValue
-        hasValue = true
-        valueIsEmpty = isEmpty
-        phase = isEmpty ? .empty : .success(lastSuccess ?? date)
+        receive(newValue, isEmpty: isEmpty, date: lastSuccess ?? date)
         self.lastSuccess = lastSuccess
         freshSince = nil
         self.restoredUntil = restoredUntil
-        failedAt = nil
         failureCount = 0
     }
 
