@@ -140,7 +140,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     /// The hit path of every read of the family that answers fresh data at once (`value(for:)`,
     /// `fetch(for:)`, `snapshot(for:)`, a batch's keys): `read` on `key`'s shard, under its lock, with
-    /// the key's hash (one of the shard's hits, see ``FamilyShard/hit(_:hash:at:hitWindow:live:compact:)``);
+    /// the key's hash (one of the shard's hits, see ``FamilyShard/hit(_:hash:at:hitWindow:live:)``);
     /// an answer is reported to the observer as a hit.
     @inlinable @inline(__always)
     func hit<Result>(_ key: Key, _ read: (inout Shard, Int) -> Result?) -> Result? {

@@ -22,7 +22,7 @@ extension FamilyShard {
     @inlinable
     func snapshot(at position: Int, now: Duration, expiry: Duration) -> AsyncSnapshot<Value?> {
         if let store = table.records[position].store { return store.cell.snapshot(at: now) }
-        return compactData(at: position).snapshot(at: now, expiry: expiry)
+        return compactSnapshot(at: position, now: now, expiry: expiry)
     }
 
     /// Calls `body` with every entry's key and snapshot at `now` (see ``snapshot(at:now:expiry:)``).

@@ -14,7 +14,7 @@ public import Foundation
 /// invalidation of a compact entry changes the data by its own methods, as a store's machine does: so
 /// every per-key rule is decided once, in ``StateData`` and ``FetchStateMachine``.
 ///
-/// The hit path (``hit(_:hash:at:hitWindow:live:compact:)``) is inlinable, so that it is specialized
+/// The hit path (``hit(_:hash:at:hitWindow:live:)``) is inlinable, so that it is specialized
 /// for the caller's key and value types: unspecialized, every step would look up generic metadata.
 @usableFromInline
 struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
@@ -86,9 +86,10 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     var users: [Int32] = []
     /// What a compact entry keeps off the hit path, by slot (`nil` for a live entry).
     @usableFromInline var metadata: [Metadata?] = []
-    /// Each entry's weight, by slot (0 without a weigher or a value; never negative), and their sum:
-    /// in `Int128`, so that no number of entries of any weight overflows it. Every change is also
-    /// added to the family's ``WeightLedger``, which holds the sum over every shard.
+    /// Each entry's weight, by slot (0 without a value; never negative), and their sum: in `Int128`,
+    /// so that no number of entries of any weight overflows it. Every change is also added to the
+    /// family's ``WeightLedger``, which holds the sum over every shard. Empty without a weigher:
+    /// nothing is weighed then.
     var weights: [Int] = []
     private(set) var totalWeight: Int128 = 0
     @usableFromInline let tracksIdle: Bool
@@ -128,41 +129,68 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     // MARK: Hits
 
-    /// The hit path of every read of a family that answers fresh data at once: if `key` has an entry,
-    /// records the access at `now`; then, if its data is fresh and was not fresh for `hitWindow` or
-    /// longer (see ``StoreConfiguration/hitWindow``), returns `live` of a live entry's published
-    /// contents, or `compact` of the shard and the compact entry's position. A live entry is read
-    /// without being retained.
-    @inlinable @inline(__always)
-    mutating func hit<Result>(
-        _ key: Key, hash: Int, at now: Duration, hitWindow: Duration,
-        live: (SnapshotCell<Value?>.Contents) -> Result, compact: (Self, Int) -> Result
-    ) -> Result? {
-        guard let position = table.position(of: key, hash: hash) else { return nil }
-        hit(table.records[position].slot, hash: hash, at: now)
-        let live = table.records.withUnsafeBufferPointer { records in
-            records[position].store.map { $0.cell.read(ifFreshAt: now, live) }
-        }
-        if let live { return live }
-        guard isWithinExpiry(since: table.records[position].freshness, at: now, expiry: hitWindow) else { return nil }
-        return compact(self, position)
+    /// What a hit found: a live entry's answer (`nil` if its data is not fresh), or the position of a
+    /// compact entry whose data is fresh.
+    @usableFromInline
+    enum Hit<Result> {
+        case live(Result?)
+        case compact(position: Int)
     }
 
-    /// `key`'s value if its data is fresh at `now` and within `hitWindow` (see ``hit(_:hash:at:hitWindow:live:compact:)``).
+    /// The hit path of every read of a family that answers fresh data at once: if `key` has an entry,
+    /// records the access at `now`; then, if its data is fresh and was not fresh for `hitWindow` or
+    /// longer (see ``StoreConfiguration/hitWindow``), answers with `live` of a live entry's published
+    /// contents, or with a compact entry's position, for the caller to read. A live entry is read
+    /// without being retained. `nil` without an entry.
+    @inlinable @inline(__always)
+    mutating func hit<Result>(
+        _ key: Key, hash: Int, at now: Duration, hitWindow: Duration, live: (SnapshotCell<Value?>.Contents) -> Result
+    ) -> Hit<Result>? {
+        guard let position = table.position(of: key, hash: hash) else { return nil }
+        hit(table.records[position].slot, hash: hash, at: now)
+        let answer = table.records.withUnsafeBufferPointer { records in
+            records[position].store.map { $0.cell.read(ifFreshAt: now, live) }
+        }
+        if let answer { return .live(answer) }
+        guard isWithinExpiry(since: table.records[position].freshness, at: now, expiry: hitWindow) else {
+            return .live(nil)
+        }
+        return .compact(position: position)
+    }
+
+    /// `key`'s value if its data is fresh at `now` and within `hitWindow` (see ``hit(_:hash:at:hitWindow:live:)``).
     @inlinable
     mutating func freshValue(of key: Key, hash: Int, at now: Duration, hitWindow: Duration) -> Value? {
-        hit(key, hash: hash, at: now, hitWindow: hitWindow, live: \.value, compact: { $0.compactValue(at: $1) }) ?? nil
+        switch hit(key, hash: hash, at: now, hitWindow: hitWindow, live: \.value) {
+        case nil: return nil
+        case .live(let value): return value ?? nil
+        case .compact(let position): return table.records[position].value
+        }
     }
 
     /// `key`'s snapshot if its data is fresh at `now` and within `hitWindow`, for data that stays fresh
-    /// for `expiry` (see ``hit(_:hash:at:hitWindow:live:compact:)``).
+    /// for `expiry` (see ``hit(_:hash:at:hitWindow:live:)``).
     @inlinable
     mutating func freshSnapshot(of key: Key, hash: Int, at now: Duration, hitWindow: Duration, expiry: Duration)
         -> AsyncSnapshot<Value?>?
     {
-        hit(
-            key, hash: hash, at: now, hitWindow: hitWindow, live: \.freshSnapshot,
-            compact: { $0.compactData(at: $1).snapshot(at: now, expiry: expiry) })
+        switch hit(key, hash: hash, at: now, hitWindow: hitWindow, live: \.freshSnapshot) {
+        case nil: return nil
+        case .live(let snapshot): return snapshot
+        case .compact(let position): return compactSnapshot(at: position, now: now, expiry: expiry)
+        }
+    }
+
+    /// The snapshot at `now` of the compact entry whose record is at `position`, whose data stays fresh
+    /// for `expiry`: its data's snapshot (``StateData/snapshot(atRest:phase:freshSince:lastError:lastSuccess:successCount:at:expiry:)``),
+    /// from the packed fields.
+    @inlinable @inline(__always)
+    func compactSnapshot(at position: Int, now: Duration, expiry: Duration) -> AsyncSnapshot<Value?> {
+        let metadata = metadata[Int(table.records[position].slot)]!
+        return Data.snapshot(
+            atRest: table.records[position].value, phase: metadata.phase, freshSince: table.records[position].freshness,
+            lastError: metadata.lastError, lastSuccess: metadata.lastSuccess, successCount: metadata.successCount,
+            at: now, expiry: expiry)
     }
 
     /// A hit on the entry at `slot`, whose key's hash is `hash`, at `now`: its last access is written
@@ -173,19 +201,15 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         policy.noteHit(slot, hash: hash)
     }
 
-    /// The value of the compact entry whose record is at `position`.
-    @inlinable
-    func compactValue(at position: Int) -> Value? { table.records[position].value }
-
     /// The data of the compact entry whose record is at `position`: the one place a compact entry is
-    /// unpacked (for a hit's snapshot, a read's, every entry's, a write's, a pin's).
-    @inlinable
+    /// unpacked (for a hit's snapshot, a read's, every entry's, a write's, a pin's). Read field by
+    /// field, not through a copy of the record.
+    @inlinable @inline(__always)
     func compactData(at position: Int) -> Data {
-        let record = table.records[position]
-        let metadata = metadata[Int(record.slot)]!
+        let metadata = metadata[Int(table.records[position].slot)]!
         return Data(
-            atRest: record.value, phase: metadata.phase, freshSince: record.freshness, lastError: metadata.lastError,
-            lastSuccess: metadata.lastSuccess, successCount: metadata.successCount,
+            atRest: table.records[position].value, phase: metadata.phase, freshSince: table.records[position].freshness,
+            lastError: metadata.lastError, lastSuccess: metadata.lastSuccess, successCount: metadata.successCount,
             restoredUntil: metadata.restoredUntil)
     }
 
@@ -274,6 +298,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     /// Sets the weight of the entry at `slot`, in this shard's total and the family's ledger.
     private mutating func setWeight(_ weight: Int, of slot: Int) {
+        guard weigher != nil else { return }
         let change = Int128(weight) - Int128(weights[slot])
         guard change != 0 else { return }
         weights[slot] = weight
@@ -331,7 +356,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     ) rethrows -> Int? {
         let end = min(table.slotCount, start + budget)
         let expiry = configuration.expiry
-        for slot in start..<end where table.positions[slot] >= 0 {
+        for slot in start..<end where table.holdsEntry(slot) {
             let position = table.at(slot)
             guard let key = table.records[position].key, try isIncluded(key) else { continue }
             if let store = table.records[position].store {
@@ -386,7 +411,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     mutating func evictOne(sparing: Key? = nil, into removed: inout [Removed]) -> Bool {
         policy.applyReads()
         let slot = policy.victim(
-            where: { table.key(at: Int($0)) != sparing && !isBusy(Int($0)) }, hash: { table.hashes[Int($0)] })
+            where: { table.key(at: Int($0)) != sparing && !isBusy(Int($0)) }, hash: { table.hash(at: Int($0)) })
         guard let slot else { return false }
         removed.append(Removed(key: table.key(at: Int(slot)), value: value(at: Int(slot)), reason: .evicted))
         remove(slot)
@@ -397,7 +422,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// that (the family could never hold it); returns whether it did. A busy one stays.
     mutating func evict(_ key: Key, ifHeavierThan maximum: Int? = nil, into removed: inout [Removed]) -> Bool {
         guard let slot = table.slot(of: key), !isBusy(Int(slot)) else { return false }
-        if let maximum, weights[Int(slot)] <= maximum { return false }
+        if let maximum, weigher == nil || weights[Int(slot)] <= maximum { return false }  // nothing weighed: no weight
         removed.append(Removed(key: key, value: value(at: Int(slot)), reason: .evicted))
         remove(slot)
         return true
@@ -473,10 +498,11 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         if i == users.count {
             users.append(0)
             metadata.append(nil)
-            weights.append(0)
+            if weigher != nil { weights.append(0) }
             if tracksIdle { lastAccess.append(now) }
         }
-        (users[i], metadata[i], weights[i]) = (0, nil, 0)
+        (users[i], metadata[i]) = (0, nil)
+        if weigher != nil { weights[i] = 0 }
         if tracksIdle {
             lastAccess[i] = now
             idle.push(slot, since: now)
@@ -499,7 +525,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// policy applies it at once.
     mutating func touch(_ slot: Int32, at now: Duration) {
         recordAccess(slot, at: now)
-        policy.touch(slot, hash: table.hashes[Int(slot)])
+        policy.touch(slot, hash: table.hash(at: Int(slot)))
     }
 
     /// Writes a use of the entry at `slot` at `now` as its last access, with an idle expiry (nothing

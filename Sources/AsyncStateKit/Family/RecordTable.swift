@@ -52,10 +52,17 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
     /// A power of two of positions, at most three quarters used (see ``growRecords()``); one free
     /// position in an empty table, so that memory follows the entries held.
     @usableFromInline var records = [Record.free]
-    /// Each slot's position in `records` (-1 for a free slot).
-    @usableFromInline var positions: [Int32] = []
-    /// Each slot's key's hash (for moving its record, and for the policy's sketch).
-    @usableFromInline var hashes: [Int] = []
+    /// A slot: its key's hash (for moving its record, and for the policy's sketch) and its record's
+    /// position in `records` (-1 for a free slot). One array for both, so that the slots grow with
+    /// one allocation at a time.
+    @usableFromInline
+    struct Slot {
+        @usableFromInline var hash: Int
+        @usableFromInline var position: Int32
+    }
+
+    /// Each slot, by slot.
+    @usableFromInline var slots: [Slot] = []
     /// Slots of removed entries, to be used again.
     var freeSlots: [Int32] = []
 
@@ -63,7 +70,7 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
     var count: Int { index.count }
 
     /// The number of slots, used or free: the length of every array by slot.
-    var slotCount: Int { positions.count }
+    var slotCount: Int { slots.count }
 
     /// How many positions from its home a lookup tries before it asks the index.
     @usableFromInline static var nearby: Int { 4 }
@@ -109,7 +116,13 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
 
     /// The position of the record of the entry at `slot`.
     @inlinable
-    func at(_ slot: Int) -> Int { Int(positions[slot]) }
+    func at(_ slot: Int) -> Int { Int(slots[slot].position) }
+
+    /// The hash of the key of the entry at `slot`.
+    func hash(at slot: Int) -> Int { slots[slot].hash }
+
+    /// Whether `slot` holds an entry (it is not free).
+    func holdsEntry(_ slot: Int) -> Bool { slots[slot].position >= 0 }
 
     /// The key of the entry at `slot`.
     func key(at slot: Int) -> Key { records[at(slot)].key! }
@@ -120,16 +133,15 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
         let slot: Int32
         if let free = freeSlots.popLast() {
             slot = free
-            hashes[Int(slot)] = hash
         } else {
-            slot = Int32(positions.count)
-            positions.append(-1)
-            hashes.append(hash)
+            slot = Int32(slots.count)
+            slots.append(Slot(hash: hash, position: -1))
         }
+        slots[Int(slot)].hash = hash
         if (index.count + 1) * 4 > records.count * 3 { growRecords() }
         let position = freePosition(from: hash)
         records[position] = Record(key: key, slot: slot)
-        positions[Int(slot)] = Int32(position)
+        slots[Int(slot)].position = Int32(position)
         index.insert(hash, position: Int32(position))
         return slot
     }
@@ -138,9 +150,9 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
     mutating func remove(_ slot: Int32) {
         let i = Int(slot)
         let position = at(i)
-        index.remove(hashes[i], position: Int32(position))
+        index.remove(slots[i].hash, position: Int32(position))
         vacate(position)
-        positions[i] = -1
+        slots[i].position = -1
         freeSlots.append(slot)
     }
 
@@ -166,11 +178,11 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
             next = (next + 1) & mask
             guard records[next].key != nil else { return }
             let slot = Int(records[next].slot)
-            let hash = hashes[slot]
+            let hash = slots[slot].hash
             let home = home(of: hash, mask: mask)
             if (next - home) & mask >= (next - hole) & mask {
                 records.swapAt(hole, next)
-                positions[slot] = Int32(hole)
+                slots[slot].position = Int32(hole)
                 index.move(hash, from: Int32(next), to: Int32(hole))
                 hole = next
             }
@@ -188,17 +200,17 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
         records = Array(repeating: .free, count: old.count * 2)
         index = SlotIndex(bucketCount: records.count)
         for record in old where record.key != nil {
-            let hash = hashes[Int(record.slot)]
+            let hash = slots[Int(record.slot)].hash
             let position = freePosition(from: hash)
             records[position] = record
-            positions[Int(record.slot)] = Int32(position)
+            slots[Int(record.slot)].position = Int32(position)
             index.insert(hash, position: Int32(position))
         }
     }
 
     /// The bytes the table's buffers hold (by their capacity).
     var bufferBytes: Int {
-        bytes(of: records) + bytes(of: index.buckets) + bytes(of: positions) + bytes(of: hashes) + bytes(of: freeSlots)
+        bytes(of: records) + bytes(of: index.buckets) + bytes(of: slots) + bytes(of: freeSlots)
     }
 }
 

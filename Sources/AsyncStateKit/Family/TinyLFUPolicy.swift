@@ -111,7 +111,7 @@ struct TinyLFUPolicy {
 
     /// A hit on the entry at `slot`, whose key's hash is `hash`: noted in the read buffer if it has
     /// room (see the type's documentation).
-    @inlinable
+    @inlinable @inline(__always)
     mutating func noteHit(_ slot: Int32, hash: Int) {
         if pendingReads < Self.readBufferSize {
             reads[pendingReads] = slot

@@ -224,7 +224,11 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// the caller gets an answer now or waits for a flight (which this call may have started). A
     /// ticket to wait on must be waited on (``wait(_:)``), or the flight keeps a waiter that never
     /// leaves, and the table its slot.
-    @inlinable
+    ///
+    /// Specialized in the caller's module but never inlined: inlined, its locals (the machine's
+    /// action) become part of the waiting caller's async frame, which then outgrows the memory the
+    /// runtime gives a new task, and every joiner of a cold stampede mallocs a second slab.
+    @inlinable @inline(never)
     func enter(_ request: FetchRequest, policy: RetryPolicy? = nil, _ operation: @escaping Operation) throws -> Ticket {
         let attempts = callerAttempts
         return try withCore { core, effects -> Ticket in

@@ -116,7 +116,8 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     /// that inherited its context while it still runs): waiting for the flight would wait for itself.
     @inlinable
     func isReentrant(_ callerAttempts: [AttemptID]) -> Bool {
-        guard let flight = flightBox?.flight, case .running(let attempt) = flight.stage else { return false }
+        // Through the box, not a copy of the flight (whose waiters a later insert would then copy).
+        guard case .running(let attempt)? = flightBox?.flight.stage else { return false }
         return callerAttempts.contains(attempt)
     }
 
@@ -203,9 +204,10 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         }
         // Expired data is not answered by an append in flight (it would extend the expired data): a
         // fetch replaces it, as `refresh` would.
-        if let box = flightBox, mode != .always, !(mode == .ifExpired && box.flight.kind == .append) {
-            // In place: binding the flight to a local first would make this insert copy every
-            // waiter (copy-on-write), which is quadratic for many joiners.
+        if flightBox != nil, mode != .always, !(mode == .ifExpired && flightBox?.flight.kind == .append) {
+            // In place, and with no local reference to the box or copy of the flight: either would
+            // make this insert copy the box or every waiter (copy-on-write), which is quadratic for
+            // many joiners.
             mutateFlight { $0.waiters.insert(waiter) }
             return .join
         }
@@ -225,8 +227,8 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     mutating func retry(waiter: WaiterID, operation: Operation?, now: Duration, callerAttempts: [AttemptID] = [])
         -> RetryAction
     {
-        if let current = flightBox?.flight {
-            guard current.retryAt != nil, !isReentrant(callerAttempts) else { return .ignore }
+        if flightBox != nil {
+            guard flightBox?.flight.retryAt != nil, !isReentrant(callerAttempts) else { return .ignore }
             mutateFlight { $0.waiters.insert(waiter) }
             let backoff = takeHandles()
             return .start(startAttempt(now: now), cancel: backoff)
@@ -323,14 +325,13 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         _ id: FlightID, attempt: AttemptID, outcome: Outcome, now: Duration, date: Date
     ) -> FlightAction {
         abandoned.remove(attempt)
-        guard let current = flightBox?.flight, current.id == id, case .running(attempt) = current.stage else {
-            return .drop
-        }
+        guard flightBox?.flight.id == id, case .running(attempt)? = flightBox?.flight.stage else { return .drop }
         mutateFlight { $0.handles.attempt = nil }
         switch outcome {
         case .success(let newValue):
             let freshness: StateData<Value>.Freshness =
-                current.expiresOnArrival ? .expired : current.kind == .append ? .unchanged : .from(now)
+                flightBox!.flight.expiresOnArrival
+                ? .expired : flightBox!.flight.kind == .append ? .unchanged : .from(now)
             let report = self.report(at: now)
             let (waiters, handles) = takeFlight()
             data.succeed(newValue, isEmpty: isEmpty(newValue), date: date, freshness: freshness)
@@ -346,7 +347,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     /// its late result dropped) and counts as a failure with ``AsyncStateError/timedOut(after:)``. The
     /// timer is ending by itself: it is not handed back to be cancelled.
     mutating func attemptTimedOut(_ id: FlightID, attempt: AttemptID, now: Duration) -> FlightAction {
-        guard let current = flightBox?.flight, current.id == id, case .running(attempt) = current.stage,
+        guard flightBox?.flight.id == id, case .running(attempt)? = flightBox?.flight.stage,
             let timeout = configuration.timeout
         else { return .drop }
         abandoned.insert(attempt)
@@ -360,9 +361,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     mutating func backoffEnded(_ id: FlightID, attempt: AttemptID, error: (any Error)?, now: Duration)
         -> FlightAction
     {
-        guard let current = flightBox?.flight, current.id == id, case .backingOff(attempt, _) = current.stage else {
-            return .drop
-        }
+        guard flightBox?.flight.id == id, case .backingOff(attempt, _)? = flightBox?.flight.stage else { return .drop }
         mutateFlight { $0.handles.timer = nil }
         switch error {
         case nil:
@@ -432,9 +431,9 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
 
     /// The flight's current attempt, starting at `now`.
     private func attempt(now: Duration, starts: Reason?) -> Attempt {
-        let flight = flightBox!.flight
+        let box = flightBox!
         return Attempt(
-            flight: flight.id, id: flight.attempt, operation: flight.operation,
+            flight: box.flight.id, id: box.flight.attempt, operation: box.flight.operation,
             timeoutAt: configuration.timeout.map { now.saturatingAdd($0) }, starts: starts)
     }
 
@@ -442,18 +441,19 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     private mutating func attemptFailed(_ error: any Error, now: Duration) -> FlightAction {
         data.failureCount += 1
         data.lastError = error
-        var current = flightBox!.flight
-        guard let at = retryInstant(for: &current, after: error, now: now) else {
+        var random = flightBox!.flight.random
+        guard let at = retryInstant(after: error, now: now, random: &random) else {
             return settleFailed(error, now: now)
         }
         let next = nextID()
         let handles = takeHandles()
         mutateFlight {
-            $0.random = current.random
+            $0.random = random
             $0.stage = .backingOff(next, until: at)
         }
         return .retry(
-            flight: current.id, attempt: next, at: at, error: error, attempts: current.attempts, cancel: handles)
+            flight: flightBox!.flight.id, attempt: next, at: at, error: error, attempts: flightBox!.flight.attempts,
+            cancel: handles)
     }
 
     private mutating func settleFailed(_ error: any Error, now: Duration) -> FlightAction {
@@ -476,19 +476,21 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
 
     /// The flight's duration so far and its attempts.
     private func report(at now: Duration) -> FlightReport {
-        let flight = flightBox!.flight
-        return FlightReport(duration: now - flight.startedAt, attempts: flight.attempts)
+        let box = flightBox!
+        return FlightReport(duration: now - box.flight.startedAt, attempts: box.flight.attempts)
     }
 
-    /// When the flight's next attempt starts, or `nil` when its policy gives up after this failure.
-    private func retryInstant(for flight: inout Flight, after error: any Error, now: Duration) -> Duration? {
-        let policy = flight.policy
+    /// When the flight's next attempt starts, drawing its jitter from `random`, or `nil` when its
+    /// policy gives up after this failure.
+    private func retryInstant(after error: any Error, now: Duration, random: inout SplitMix64) -> Duration? {
+        let box = flightBox!
+        let policy = box.flight.policy
         let failures = data.failureCount
         guard failures < policy.maxAttempts, policy.shouldRetry(error),
             abandoned.count < AsyncStateLimits.abandonedOperations
         else { return nil }
-        let at = now.saturatingAdd(policy.delay(beforeRetry: failures, using: &flight.random))
-        if let budget = policy.budget, budget <= .zero || at - flight.startedAt > budget { return nil }
+        let at = now.saturatingAdd(policy.delay(beforeRetry: failures, using: &random))
+        if let budget = policy.budget, budget <= .zero || at - box.flight.startedAt > budget { return nil }
         return at
     }
 
@@ -501,9 +503,9 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
 
     /// Forgets the flight; returns its waiters and handles.
     private mutating func takeFlight() -> (Set<WaiterID>, Handles) {
-        let flight = flightBox!.flight
+        let box = flightBox!
         flightBox = nil
-        return (flight.waiters, flight.handles)
+        return (box.flight.waiters, box.flight.handles)
     }
 
     /// Takes the flight's handles out of it (to be cancelled).

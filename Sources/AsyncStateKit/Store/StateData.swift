@@ -96,6 +96,19 @@ struct StateData<Value: Sendable> {
             hasValue: hasValue)
     }
 
+    /// The snapshot at `now` of data at rest with these fields (see ``init(atRest:phase:freshSince:lastError:lastSuccess:successCount:restoredUntil:)``),
+    /// as ``snapshot(at:expiry:isLoading:)`` makes it: for a family's compact entry, whose fields are
+    /// packed, without unpacking them into a whole value first (a hit's snapshot is made this way).
+    @inlinable
+    static func snapshot(
+        atRest value: Value, phase: AsyncPhase, freshSince: Duration?, lastError: (any Error)?, lastSuccess: Date?,
+        successCount: Int, at now: Duration, expiry: Duration
+    ) -> AsyncSnapshot<Value> {
+        AsyncSnapshot(
+            value: value, phase: phase, isExpired: !isWithinExpiry(since: freshSince, at: now, expiry: expiry),
+            failureCount: 0, lastError: lastError, lastSuccess: lastSuccess, successCount: successCount, hasValue: true)
+    }
+
     // MARK: Changes
 
     /// How a success treats the data's freshness.
