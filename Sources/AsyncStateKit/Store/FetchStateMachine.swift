@@ -1,3 +1,5 @@
+// Over 500 lines on purpose: the machine's events and the helpers they share are one unit, whose
+// invariants (the flight's stage, the abandoned attempts, the ids) are private to this file.
 import Foundation
 
 /// The pure heart of an ``AsyncState``: every event is a `mutating func` that takes the current
