@@ -249,7 +249,8 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
 
     /// Gives the flight the shell's handles for its current step: the task running the attempt just
     /// started (if one did) and the timer that fires next (if any). An action that ends the step hands
-    /// them back to be cancelled.
+    /// them back to be cancelled. Call it in the same event (under the same lock) as the action that
+    /// asked for them, so that the flight they are given to is the one they run for.
     @inlinable
     mutating func attach(task: Handle?, timer: Handle?) {
         mutateFlight {
