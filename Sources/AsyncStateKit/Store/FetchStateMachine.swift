@@ -83,9 +83,6 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         flightBox.map { ($0.flight.reason, $0.flight.startedWithValue) }
     }
 
-    /// How long data stays fresh.
-    var expiry: Duration { configuration.expiry }
-
     /// The data, if this machine may rest: no flight, no abandoned operation, and data at rest. A
     /// machine restored from it behaves as this one would.
     var restingData: StateData<Value>? {
