@@ -324,10 +324,11 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// `sparing` (an entry just made or written, whose caller expects to find it).
     mutating func evictOne(sparing: Key? = nil, into removed: inout [Removed]) -> Bool {
         policy.applyReads()
-        let slot = policy.victim(
+        let chosen = policy.victim(
             where: { table.key(at: Int($0)) != sparing && !isBusy(Int($0)) }, hash: { table.hash(at: Int($0)) })
-        guard let slot else { return false }
+        guard let (slot, refused) = chosen else { return false }
         removed.append(Removed(key: table.key(at: Int(slot)), value: value(at: Int(slot)), reason: .evicted))
+        policy.evicted(table.hash(at: Int(slot)), refused: refused, entries: table.count)
         remove(slot)
         return true
     }

@@ -3,8 +3,11 @@
 /// ``RecordTable``) and their key's hash, nothing else: which entries may go is the shard's to say.
 ///
 /// The entries are on three lists (``Segment``), each in order of last access (most recent first):
-/// - the **window** (1 % of the capacity) takes every new entry, so that a new key is not judged
-///   before it has had a chance to be used again;
+/// - the **window** takes every new entry, so that a new key is not judged before it has had a
+///   chance to be used again. It starts at 1 % of the capacity and adapts to the traffic (see
+///   ``EvictionHistory``): a key refused at admission that comes back grows it by one entry, a key
+///   displaced from main that comes back shrinks it by one — from a recency cache close to an LRU
+///   (a window of all but one entry) to a frequency cache (a window of one);
 /// - an entry pushed out of the window goes to **probation**; used again there, it moves to
 ///   **protected** (80 % of the rest), whose least recently used entries fall back to probation;
 /// - to make room, the newest entry of probation (the one the window just pushed out: the
@@ -48,9 +51,14 @@ struct TinyLFUPolicy {
     /// The lengths of the window and protected lists.
     @usableFromInline var windowCount = 0
     @usableFromInline var protectedCount = 0
-    /// The most entries the window and protected lists hold (probation holds the rest).
-    @usableFromInline let windowLimit: Int
-    @usableFromInline let protectedLimit: Int
+    /// The most entries the window and protected lists hold (probation holds the rest): the window's
+    /// moves with the traffic, protected's is 80 % of the rest.
+    @usableFromInline var windowLimit: Int
+    @usableFromInline var protectedLimit: Int
+    /// The capacity the lists share.
+    let capacity: Int
+    /// The keys evicted lately, which size the window; made at the first eviction.
+    var history: EvictionHistory?
     @usableFromInline var sketch: FrequencySketch
     /// The hits noted since the policy last applied them (the first `pendingReads` slots, and their
     /// keys' hashes), and every hit since then, noted or not. Allocated with the first entry.
@@ -64,9 +72,9 @@ struct TinyLFUPolicy {
 
     /// A policy for at most `capacity` entries.
     init(capacity: Int) {
+        self.capacity = capacity
         windowLimit = max(1, capacity / 100)
-        // In Int128: 8 × a capacity near `Int.max` would overflow.
-        protectedLimit = Int(Int128(capacity - windowLimit) * 8 / 10)
+        protectedLimit = Self.protectedLimit(capacity: capacity, window: windowLimit)
         sketch = FrequencySketch(capacity: capacity)
     }
 
@@ -94,8 +102,11 @@ struct TinyLFUPolicy {
     /// A new entry at `slot`, whose key's hash is `hash`, the `entries`-th: counted, and the most
     /// recently used of the window, whose least recently used entry goes to probation (a candidate)
     /// if the window is full.
+    /// If the key was evicted lately, the window first moves one entry towards the list that would
+    /// have kept it (see ``EvictionHistory``).
     mutating func admit(_ slot: Int32, hash: Int, entries: Int) {
         applyReads()
+        if let refused = history?.takeBack(hash) { resizeWindow(by: refused ? 1 : -1) }
         if nodes.isEmpty { prepare() }
         sketch.grow(toHold: entries)
         let node = Self.node(slot)
@@ -152,8 +163,9 @@ struct TinyLFUPolicy {
     /// pushed out) and least recently used (the victim), the one whose key (its hash by `hash`) was
     /// used less often recently (the candidate on a tie: the incumbent stays). With nothing in
     /// probation that may go, the least recently used of protected, then of the window. `nil` when
-    /// none may go. Apply the reads first.
-    func victim(where mayGo: (Int32) -> Bool, hash: (Int32) -> Int) -> Int32? {
+    /// none may go. `refused` says whether it is a candidate refused at admission. Apply the reads
+    /// first; call ``evicted(_:refused:entries:)`` as it goes.
+    func victim(where mayGo: (Int32) -> Bool, hash: (Int32) -> Int) -> (slot: Int32, refused: Bool)? {
         guard !nodes.isEmpty else { return nil }
         func first(in segment: Segment, fromOldest: Bool, where include: (Int32) -> Bool) -> Int32? {
             let sentinel = Int32(segment.sentinel)
@@ -166,11 +178,59 @@ struct TinyLFUPolicy {
         }
         if let victim = first(in: .probation, fromOldest: true, where: mayGo) {
             guard let candidate = first(in: .probation, fromOldest: false, where: { $0 != victim && mayGo($0) })
-            else { return victim }
-            return sketch.estimate(hash(candidate)) > sketch.estimate(hash(victim)) ? victim : candidate
+            else { return (victim, false) }
+            return sketch.estimate(hash(candidate)) > sketch.estimate(hash(victim))
+                ? (victim, false) : (candidate, true)
         }
-        return first(in: .protected, fromOldest: true, where: mayGo)
-            ?? first(in: .window, fromOldest: true, where: mayGo)
+        return
+            (first(in: .protected, fromOldest: true, where: mayGo)
+            ?? first(in: .window, fromOldest: true, where: mayGo)).map { ($0, false) }
+    }
+
+    /// The key with `hash` is evicted (``victim(where:hash:)`` chose it, `refused` as it said), from a
+    /// shard of `entries` entries: remembered, to size the window.
+    mutating func evicted(_ hash: Int, refused: Bool, entries: Int) {
+        let limit = EvictionHistory.limit(forEntries: entries)
+        // Made at the first eviction; remade (forgetting) if the shard has grown far past the size it
+        // was made for, as one bounded only by weight may.
+        if history == nil || history!.limit * 2 < limit { history = EvictionHistory(limit: limit) }
+        history!.remember(hash, refused: refused)
+    }
+
+    // MARK: The adaptive window
+
+    /// The most entries protected holds beside a window of `window` (80 % of the rest).
+    static func protectedLimit(capacity: Int, window: Int) -> Int {
+        // In Int128: 8 × a capacity near `Int.max` would overflow.
+        Int(Int128(capacity - window) * 8 / 10)
+    }
+
+    /// Grows (or shrinks) the window by `change` entries, within one entry and the capacity less one.
+    /// A smaller window's least recently used entries go to probation (the newest there); a larger
+    /// window takes main's least recently used entries (probation's, then protected's), so that it
+    /// is full at once. Protected, whose limit follows, demotes its own to probation.
+    mutating func resizeWindow(by change: Int) {
+        let limit = min(max(1, windowLimit + change), max(1, capacity - 1))
+        guard limit != windowLimit, !nodes.isEmpty else { return }
+        windowLimit = limit
+        protectedLimit = Self.protectedLimit(capacity: capacity, window: limit)
+        while windowCount > windowLimit {
+            let oldest = Int(nodes[Segment.window.sentinel].newer)
+            unlink(oldest)
+            link(oldest, into: .probation)
+        }
+        while protectedCount > protectedLimit {
+            let demoted = Int(nodes[Segment.protected.sentinel].newer)
+            unlink(demoted)
+            link(demoted, into: .probation)
+        }
+        while windowCount < windowLimit {
+            var oldest = Int(nodes[Segment.probation.sentinel].newer)
+            if oldest == Segment.probation.sentinel { oldest = Int(nodes[Segment.protected.sentinel].newer) }
+            guard oldest != Segment.protected.sentinel else { break }
+            unlink(oldest)
+            link(oldest, into: .window)
+        }
     }
 
     // MARK: The lists
@@ -229,5 +289,6 @@ struct TinyLFUPolicy {
     /// The bytes the policy's buffers hold (by their capacity).
     var bufferBytes: Int {
         bytes(of: nodes) + bytes(of: sketch.words) + bytes(of: reads) + bytes(of: readHashes)
+            + (history?.bufferBytes ?? 0)
     }
 }
