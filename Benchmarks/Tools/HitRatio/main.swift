@@ -1,9 +1,26 @@
-// Hit ratio of a family's eviction policy against an exact LRU of the same capacity, on synthetic
-// traces generated here with a fixed seed (so every run sees the same requests). Run:
-//   swift run --package-path Benchmarks -c release HitRatio [requests] [part of a trace's name]
-// for example `HitRatio 10000000 scans` (the default is 2,000,000 requests and every trace).
-@_spi(Benchmarks) import AsyncStateKit
+// Hit ratio of a family's eviction policy against an exact LRU of the same capacity, replayed in the
+// same process: on the real traces in ../shared/cache-traces and on synthetic traces generated here
+// with a fixed seed. Every request goes through the public API, `value(for:)` on a family with a long
+// expiry (a miss is an operation call). Run:
+//   swift run --package-path Benchmarks -c release HitRatio [requests] [part of a trace's name] [--seeds N]
+// for example `HitRatio web07` or `HitRatio 10000000 scans` (the default: 2,000,000 synthetic
+// requests, every trace, 3 seeds).
+//
+// Deterministic from run to run: the tool runs itself with SWIFT_DETERMINISTIC_HASHING=1, so keys hash
+// alike in every run, and each family figure is the average over `--seeds` renamings of the keys
+// (each key XOR a seed: the same trace, hashed differently), so that no figure is one lucky hashing.
+import AsyncStateKit
 import Foundation
+import Synchronization
+
+// Hashing seeded per process would move a cell by up to half a point between runs.
+if ProcessInfo.processInfo.environment["SWIFT_DETERMINISTIC_HASHING"] == nil {
+    setenv("SWIFT_DETERMINISTIC_HASHING", "1", 1)
+    let arguments = CommandLine.arguments.map { strdup($0) } + [nil]
+    execv("/proc/self/exe", arguments)
+    print("cannot run again with SWIFT_DETERMINISTIC_HASHING=1: \(String(cString: strerror(errno)))")
+    exit(1)
+}
 
 /// SplitMix64: a small seeded generator.
 struct Random {
@@ -217,8 +234,42 @@ func realTrace(_ name: String) -> [Int]? {
     }
 }
 
+/// Operation calls: a family's misses.
+final class Loads: Sendable {
+    let count = Atomic<Int>(0)
+}
+
+/// The hit ratio (%) of a family of `capacity` entries on `requested`, averaged over `seeds` renamings
+/// of the keys, each request a `value(for:)` call.
+func familyHitRatio(_ requested: [Int], capacity: Int, seeds: Int) async -> Double {
+    var total = 0.0
+    for seed in 0..<seeds {
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(1_000_000_000), capacity: capacity)
+        let loads = Loads()
+        let salt = seed << 40
+        for key in requested {
+            _ = try? await family.value(for: key ^ salt, using: loads) { key, loads in
+                loads.count.add(1, ordering: .relaxed)
+                return key
+            }
+        }
+        let misses = loads.count.load(ordering: .relaxed)
+        total += 100 * Double(requested.count - misses) / Double(requested.count)
+    }
+    return total / Double(seeds)
+}
+
 let keys = 1_000_000
-let arguments = CommandLine.arguments.dropFirst()
+var arguments = Array(CommandLine.arguments.dropFirst())
+var seeds = 3
+if let flag = arguments.firstIndex(of: "--seeds") {
+    guard flag + 1 < arguments.count, let count = Int(arguments[flag + 1]), count > 0 else {
+        print("usage: --seeds takes a number of seeds, more than 0")
+        exit(1)
+    }
+    seeds = count
+    arguments.removeSubrange(flag...flag + 1)
+}
 let requests = arguments.lazy.compactMap { Int($0) }.first ?? 2_000_000
 let only = arguments.first { Int($0) == nil }
 let selectedRealTraces = realTraces.filter { name in only.map(name.contains) ?? true }
@@ -231,16 +282,28 @@ let traces = [
 guard requests > 0, !traces.isEmpty || !selectedRealTraces.isEmpty else {
     print(
         "usage: HitRatio [requests, more than 0] [part of a trace's name: Zipf 0.8, Zipf 0.99, scans, Zipf 1.5,"
-            + " web07, web12, orm-busy]")
+            + " web07, web12, orm-busy] [--seeds N]")
     exit(1)
 }
 
 /// A hit ratio in tenths of a percent.
 func percent(_ value: Double) -> String {
-    let tenths = Int((value * 10).rounded())
-    return "\(value < 0 && tenths == 0 ? "-" : "")\(tenths / 10).\(abs(tenths % 10)) %"
+    let tenths = abs(Int((value * 10).rounded()))
+    return "\(value < 0 ? "-" : "")\(tenths / 10).\(tenths % 10) %"
 }
 
+/// `text` padded with spaces to `width` characters.
+func padded(_ text: String, _ width: Int) -> String { text + String(repeating: " ", count: max(0, width - text.count)) }
+
+/// The hit ratio (%) of an exact LRU of `capacity` keys on `requested`.
+func lruHitRatio(_ requested: [Int], capacity: Int) -> Double {
+    var lru = LRU(capacity: capacity)
+    var hits = 0
+    for key in requested where lru.use(key) { hits += 1 }
+    return 100 * Double(hits) / Double(requested.count)
+}
+
+print("family: value(for:) on an AsyncStateFamily, the average of \(seeds) hashings of the keys")
 if !selectedRealTraces.isEmpty {
     print("real traces (every request counted, capacity = 1 % and 10 % of the unique keys): family vs exact LRU")
     print("trace       capacity   family    LRU      difference")
@@ -248,45 +311,30 @@ if !selectedRealTraces.isEmpty {
         guard let requested = realTrace(name) else { continue }
         let unique = Set(requested).count
         for capacity in [unique / 100, unique / 10] {
-            let family = AsyncStateFamily<Int, Int>(expiry: .seconds(1_000_000), capacity: capacity)
-            var lru = LRU(capacity: capacity)
-            var (familyHits, lruHits) = (0, 0)
-            for key in requested {
-                if family.recordUse(of: key, orSet: key) { familyHits += 1 }
-                if lru.use(key) { lruHits += 1 }
-            }
-            let ours = 100 * Double(familyHits) / Double(requested.count)
-            let theirs = 100 * Double(lruHits) / Double(requested.count)
-            let padded = name + String(repeating: " ", count: max(0, 12 - name.count))
-            let size = "\(capacity)" + String(repeating: " ", count: max(0, 10 - "\(capacity)".count))
+            let ours = await familyHitRatio(requested, capacity: capacity, seeds: seeds)
+            let theirs = lruHitRatio(requested, capacity: capacity)
             print(
-                "\(padded)\(size) \(percent(ours))   \(percent(theirs))   \(ours >= theirs ? "+" : "")\(percent(ours - theirs))"
+                "\(padded(name, 12))\(padded("\(capacity)", 10)) \(percent(ours))   \(percent(theirs))   "
+                    + "\(ours >= theirs ? "+" : "")\(percent(ours - theirs))"
             )
         }
     }
 }
 if traces.isEmpty { exit(0) }
-print("hit ratio over \(requests) requests, keys drawn from \(keys) (seeded), W-TinyLFU family vs exact LRU")
+print("hit ratio over \(requests) requests, keys drawn from \(keys) (seeded), family vs exact LRU")
 print("trace                         capacity   family    LRU      difference   LFU, exact counts   bound (A0)")
 for (name, exponent, scans) in traces {
     let (requested, zipf) = trace(exponent: exponent, scans: scans, keys: keys, requests: requests, seed: 42)
     for capacity in [keys / 100, keys / 10] {
-        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(1_000_000), capacity: capacity)
-        var lru = LRU(capacity: capacity)
+        let ours = await familyHitRatio(requested, capacity: capacity, seeds: seeds)
+        let theirs = lruHitRatio(requested, capacity: capacity)
         var lfu = PerfectLFU(capacity: capacity)
-        var (familyHits, lruHits, lfuHits) = (0, 0, 0)
-        for key in requested {
-            if family.recordUse(of: key, orSet: key) { familyHits += 1 }
-            if lru.use(key) { lruHits += 1 }
-            if lfu.use(key) { lfuHits += 1 }
-        }
-        let ours = 100 * Double(familyHits) / Double(requests)
-        let theirs = 100 * Double(lruHits) / Double(requests)
+        var lfuHits = 0
+        for key in requested where lfu.use(key) { lfuHits += 1 }
         let bound = 100 * Double(optimalHits(requested, zipf: zipf, capacity: capacity)) / Double(requests)
-        let padded = name + String(repeating: " ", count: max(0, 30 - name.count))
-        let size = "\(capacity)" + String(repeating: " ", count: max(0, 10 - "\(capacity)".count))
         print(
-            "\(padded)\(size) \(percent(ours))   \(percent(theirs))   \(ours >= theirs ? "+" : "")\(percent(ours - theirs))"
+            "\(padded(name, 30))\(padded("\(capacity)", 10)) \(percent(ours))   \(percent(theirs))   "
+                + "\(ours >= theirs ? "+" : "")\(percent(ours - theirs))"
                 + "       \(percent(100 * Double(lfuHits) / Double(requests)))              \(percent(bound))"
         )
     }

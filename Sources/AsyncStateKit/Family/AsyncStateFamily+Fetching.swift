@@ -235,13 +235,4 @@ extension AsyncStateFamily {
         guard let value else { preconditionFailure("a family's entry answered without a value") }
         return value
     }
-
-    /// For the hit-ratio benchmark: a use of `key` through the family's policy — `true` for a hit on
-    /// fresh data; on a miss, `value` is set for the key (as ``set(_:for:)``) and `false` returned.
-    @_spi(Benchmarks)
-    public func recordUse(of key: Key, orSet value: @autoclosure () -> Value) -> Bool {
-        if core.freshValue(of: key, at: core.clock.now()) != nil { return true }
-        _ = core.set(value(), for: key)
-        return false
-    }
 }
