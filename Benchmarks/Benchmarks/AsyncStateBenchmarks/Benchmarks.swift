@@ -19,13 +19,13 @@ actor TrivialActor {
 }
 
 /// The cache most Swift developers write: an actor holding a task per key and when it finished.
-actor HandWrittenCache<Value: Sendable> {
+actor HandWrittenCache<Key: Hashable & Sendable, Value: Sendable> {
     private struct Entry {
         var task: Task<Value, any Error>
         var fetchedAt: ContinuousClock.Instant?
     }
 
-    private var entries: [String: Entry] = [:]
+    private var entries: [Key: Entry] = [:]
     private let clock = ContinuousClock()
     private let expiry: Duration
 
@@ -33,7 +33,7 @@ actor HandWrittenCache<Value: Sendable> {
         self.expiry = expiry
     }
 
-    func value(for key: String, _ load: @escaping @Sendable () async throws -> Value) async throws -> Value {
+    func value(for key: Key, _ load: @escaping @Sendable () async throws -> Value) async throws -> Value {
         if let entry = entries[key] {
             guard let fetchedAt = entry.fetchedAt else { return try await entry.task.value }  // in flight
             if fetchedAt.duration(to: clock.now) < expiry { return try await entry.task.value }
@@ -53,7 +53,7 @@ actor HandWrittenCache<Value: Sendable> {
 
 /// The cache most Swift developers write for many keys: an actor holding a task per key, and when
 /// each finished (`HandWrittenCache` is the same shape).
-typealias HandWrittenKeyedCache = HandWrittenCache<Int>
+typealias HandWrittenKeyedCache = HandWrittenCache<String, Int>
 
 /// An actor dictionary with a deadline per key: the shape of Hummingbird's `MemoryPersistDriver` and
 /// Vapor's memory cache (no single flight: a miss loads in every caller).
@@ -279,7 +279,7 @@ let benchmarks: @Sendable () -> Void = {
     }
 
     Benchmark("Hit:hand-written-actor-cache(baseline)", configuration: nanosecondScale) { benchmark in
-        let cache = HandWrittenCache<Int>(expiry: .seconds(3_600))
+        let cache = HandWrittenCache<String, Int>(expiry: .seconds(3_600))
         _ = try await cache.value(for: "k", loadNumber)
         benchmark.startMeasurement()
         for _ in benchmark.scaledIterations { blackHole(try await cache.value(for: "k", loadNumber)) }
@@ -376,7 +376,7 @@ let benchmarks: @Sendable () -> Void = {
 
     Benchmark("Cold:10000-concurrent-hand-written-cache(baseline)", configuration: concurrencyScale) { benchmark in
         await stampede(benchmark) {
-            let cache = HandWrittenCache<Int>(expiry: .seconds(3_600))
+            let cache = HandWrittenCache<String, Int>(expiry: .seconds(3_600))
             return { (try? await cache.value(for: "k", stampedeOperation)) ?? 0 }
         }
     }
@@ -527,6 +527,20 @@ let benchmarks: @Sendable () -> Void = {
                 blackHole(await dictionary.get(key))
             }
         }
+    }
+
+    // A miss: a key never asked before, one caller. The family makes the entry, runs the operation,
+    // settles and (full at 10,000 entries) evicts one; the hand-written cache makes a task and keeps
+    // every key (it has no capacity).
+    Benchmark("Miss:family-value(for:)-new-key", configuration: capturingScale) { benchmark in
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: 10_000)
+        benchmark.startMeasurement()
+        for key in benchmark.scaledIterations { blackHole(try await family.value(for: key) { $0 }) }
+    }
+    Benchmark("Miss:hand-written-actor-cache-new-key(baseline)", configuration: capturingScale) { benchmark in
+        let cache = HandWrittenCache<Int, Int>(expiry: .seconds(3_600))
+        benchmark.startMeasurement()
+        for key in benchmark.scaledIterations { blackHole(try await cache.value(for: key) { key }) }
     }
 
     // 1,000 distinct keys, 10 concurrent callers each: exactly one run per key.

@@ -7,6 +7,8 @@
 //   swift run --package-path Benchmarks -c release HitLoop dictionary 1000000   # an actor dictionary with TTLs
 //   swift run --package-path Benchmarks -c release HitLoop single   # one state's hit
 //   swift run --package-path Benchmarks -c release HitLoop family-snapshot 1000   # a family's snapshot hit
+//   swift run --package-path Benchmarks -c release HitLoop miss 10000   # a family's miss (a new key each time; the capacity)
+//   swift run --package-path Benchmarks -c release HitLoop miss-actor   # a hand-written actor `[Key: Task]` cache's miss
 import AsyncStateKit
 
 let mode = CommandLine.arguments.dropFirst().first ?? "family"
@@ -25,9 +27,21 @@ actor TTLDictionary {
     func set(_ key: Int, _ value: Int) { entries[key] = (value, .now + .seconds(3_600)) }
 }
 
+/// The cache most Swift developers write: an actor holding a task per key.
+actor TaskCache {
+    private var tasks: [Int: Task<Int, any Error>] = [:]
+
+    func value(for key: Int, _ load: @escaping @Sendable () async throws -> Int) async throws -> Int {
+        if let task = tasks[key] { return try await task.value }
+        let task = Task { try await load() }
+        tasks[key] = task
+        return try await task.value
+    }
+}
+
 func run() async throws {
-    guard ["family", "family-snapshot", "dictionary", "single"].contains(mode), keys > 0 else {
-        print("usage: HitLoop family|family-snapshot|dictionary|single [keys]")
+    guard ["family", "family-snapshot", "dictionary", "single", "miss", "miss-actor"].contains(mode), keys > 0 else {
+        print("usage: HitLoop family|family-snapshot|dictionary|single|miss|miss-actor [keys]")
         return
     }
     var order: [Int] = []
@@ -36,7 +50,7 @@ func run() async throws {
         key = (key &+ 7_919) % keys
         order.append(key)
     }
-    let rounds = max(1, 10_000_000 / keys)
+    var rounds = max(1, 10_000_000 / keys)
     var sum = 0
     let start: ContinuousClock.Instant
     switch mode {
@@ -45,6 +59,16 @@ func run() async throws {
         _ = try await state.value { 1 }
         start = .now
         for _ in 0..<rounds { for _ in order { sum &+= try await state.value { 1 } } }
+    case "miss":
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
+        (rounds, order) = (1, Array(0..<1_000_000))
+        start = .now
+        for key in order { sum &+= try await family.value(for: key) { $0 } }
+    case "miss-actor":
+        let cache = TaskCache()
+        (rounds, order) = (1, Array(0..<1_000_000))
+        start = .now
+        for key in order { sum &+= try await cache.value(for: key) { key } }
     case "dictionary":
         let dictionary = TTLDictionary()
         for key in 0..<keys { await dictionary.set(key, key) }
@@ -65,7 +89,9 @@ func run() async throws {
     }
     let elapsed = ContinuousClock.now - start
     // The sum is printed so that the hits cannot be optimized away.
-    print("\(mode), \(keys) keys: \(elapsed / (rounds * keys)) a hit (checksum \(sum))")
+    print(
+        "\(mode), \(keys) keys: \(elapsed / (rounds * order.count)) a \(mode.hasPrefix("miss") ? "miss" : "hit") (checksum \(sum))"
+    )
 }
 
 try await run()
