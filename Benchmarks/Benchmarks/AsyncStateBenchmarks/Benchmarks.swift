@@ -594,6 +594,29 @@ let benchmarks: @Sendable () -> Void = {
         }
     }
 
+    // 10,000 concurrent misses over 10,000 keys, coalesced: exactly 100 operation calls of 100 keys
+    // (each batch closes when full; the window, 100 ms, only bounds a batch that never fills).
+    Benchmark("Family:coalesced-10000-misses-maxBatchSize-100", configuration: concurrencyScale) { benchmark in
+        for _ in benchmark.scaledIterations {
+            let family = AsyncStateFamily<Int, Int>(capacity: 10_000)
+            let calls = Counter()
+            let total = await withTaskGroup(of: Int.self) { group in
+                for key in 0..<10_000 {
+                    group.addTask {
+                        (try? await family.value(for: key, batchWindow: .milliseconds(100), maxBatchSize: 100) { keys in
+                            calls.increment()
+                            return Dictionary(uniqueKeysWithValues: keys.map { ($0, $0) })
+                        }) ?? -1
+                    }
+                }
+                return await group.reduce(0, +)
+            }
+            if calls.value != 100 || total != 49_995_000 {
+                benchmark.error("\(calls.value) operation calls for 10,000 keys, total \(total)")
+            }
+        }
+    }
+
     // MARK: The state machine alone
 
     Benchmark(

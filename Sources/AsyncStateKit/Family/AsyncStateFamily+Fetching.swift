@@ -218,6 +218,54 @@ extension AsyncStateFamily {
         return results
     }
 
+    /// Returns `key`'s value like ``value(for:retry:_:)``, loading a missing key together with the
+    /// other keys missed at about the same time, in one call of a batch operation (DataLoader's
+    /// batching, under the family's expiry and eviction):
+    ///
+    /// ```swift
+    /// let profile = try await profiles.value(for: id, batchWindow: .milliseconds(2)) { ids in
+    ///     try await database.profiles(ids)  // one query for every id missed within 2 ms
+    /// }
+    /// ```
+    ///
+    /// A miss that starts its key's fetch adds the key to the family's open batch, opening one if
+    /// there is none. The batch's operation runs once for all its keys when it holds `maxBatchSize`
+    /// keys, or when `batchWindow` has passed on the family's clock since it opened, whichever comes
+    /// first. A miss whose key is already being fetched waits for that fetch, so each key is loaded
+    /// once, and `N` concurrent misses of distinct keys within a window make `⌈N / maxBatchSize⌉`
+    /// operation calls. A hit is answered at once, as by ``value(for:retry:_:)``.
+    ///
+    /// The batch is the family's, not the call's: calls that coalesce should pass the same operation,
+    /// window and size. A batch runs the operation of the call that opened it, and keeps its window
+    /// and size. The rest is as in ``values(for:retry:_:)``: a key missing from the operation's answer
+    /// fails with ``AsyncStateError/missingFromBatch``, a retry of one key runs the operation for that
+    /// key alone, and the batch is cancelled once every key's fetch has been.
+    ///
+    /// - Parameters:
+    ///   - key: The key; its entry is made if it has none.
+    ///   - batchWindow: How long a batch collects keys after its first; clamped to
+    ///     `0...AsyncStateLimits.maximumDuration` (zero: the keys missed before the batch's task
+    ///     runs).
+    ///   - maxBatchSize: The most keys one operation call loads; less than 1 is taken as 1.
+    ///   - retry: The retry policy for a fetch this call starts; `nil` for the family's.
+    ///   - operation: Loads the keys it is given, once for all of them.
+    /// - Throws: What ``value(for:retry:_:)`` throws, and ``AsyncStateError/missingFromBatch``.
+    @inlinable
+    public nonisolated(nonsending) func value(
+        for key: Key, batchWindow: Duration, maxBatchSize: Int = 100, retry: RetryPolicy? = nil,
+        _ operation: @escaping BatchOperation
+    ) async throws -> Value {
+        if let fresh = core.freshValue(of: key, at: core.clock.now()) { return fresh }
+        return try await core.using(key) { store in
+            switch try core.coalescer.enter(
+                key, in: store, window: batchWindow, maxSize: maxBatchSize, retry: retry, operation)
+            {
+            case .value(let value, _): return Self.answered(value)
+            case .wait(let waiter, _): return Self.answered(try await store.wait(waiter))
+            }
+        }
+    }
+
     /// The miss path: waits for `key`'s store to answer `request`.
     @inlinable
     nonisolated(nonsending) func fetch(

@@ -47,6 +47,15 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// Seeds for the stores' retry jitter (a random seed per store would cost a system call each).
     private let seeds = Atomic<UInt64>(UInt64.random(in: .min ... .max))
     private let sweeper = LockedValue<Sweeper>(Sweeper())
+    /// The open batch of coalesced misses, made by the first such miss (a family that never
+    /// coalesces allocates nothing for it).
+    private let coalescerReference = AtomicLazyReference<BatchCoalescer<Key, Value>>()
+
+    /// The family's batch coalescer (see ``BatchCoalescer``).
+    @usableFromInline
+    var coalescer: BatchCoalescer<Key, Value> {
+        coalescerReference.load() ?? coalescerReference.storeIfNil(BatchCoalescer(clock: clock))
+    }
 
     /// The idle sweeper's task: one per family, sleeping until the oldest entry's idle deadline.
     private struct Sweeper {

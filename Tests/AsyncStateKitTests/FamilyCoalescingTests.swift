@@ -1,0 +1,211 @@
+import AsyncStateTesting
+import Testing
+
+@testable import AsyncStateKit
+
+/// `value(for:batchWindow:maxBatchSize:retry:_:)`: concurrent misses of single keys become batches,
+/// at exact instants in virtual time.
+@Suite struct FamilyCoalescingTests {
+    /// A batch operation that records each run's keys and instant, takes a second and answers
+    /// `key * 100` (leaving out `omitting`).
+    final class BatchSource: Sendable {
+        let clock: VirtualClock
+        let omitting: Set<Int>
+        private let log = LockedValue<[(keys: [Int], at: Duration)]>([])
+
+        init(clock: VirtualClock, omitting: Set<Int> = []) {
+            self.clock = clock
+            self.omitting = omitting
+        }
+
+        var runs: [(keys: [Int], at: Duration)] { log.withLock { $0 } }
+
+        var operation: @Sendable ([Int]) async throws -> [Int: Int] {
+            { [self] keys in
+                log.withLock { $0.append((keys, clock.now.offset)) }
+                try await clock.sleep(for: .seconds(1))
+                var values: [Int: Int] = [:]
+                for key in keys where !omitting.contains(key) { values[key] = key * 100 }
+                return values
+            }
+        }
+    }
+
+    /// 1,050 concurrent misses of distinct keys, each key asked by two callers, `maxBatchSize: 100`:
+    /// ten full batches start at once, the last 50 keys at the end of the window (5 ms), not a
+    /// nanosecond before: ⌈1,050 / 100⌉ = 11 operation calls, each key loaded once.
+    @Test func concurrentMissesMakeOneCallPerMaxBatchSizeKeys() async throws {
+        let clock = VirtualClock()
+        let source = BatchSource(clock: clock)
+        let family = AsyncStateFamily<Int, Int>(capacity: 10_000, clock: clock)
+        let callers = (0..<2_100).map { caller in
+            clock.task {
+                try await family.value(for: caller % 1_050, batchWindow: .milliseconds(5), maxBatchSize: 100) {
+                    try await source.operation($0)
+                }
+            }
+        }
+        await clock.advance(by: .zero)
+        #expect(source.runs.count == 10)
+        #expect(source.runs.allSatisfy { $0.keys.count == 100 && $0.at == .zero })
+        await clock.advance(by: .milliseconds(5) - .nanoseconds(1))
+        #expect(source.runs.count == 10)
+        await clock.advance(by: .nanoseconds(1))
+        #expect(source.runs.count == 11)
+        #expect(source.runs.last?.keys.count == 50)
+        #expect(source.runs.last?.at == .milliseconds(5))
+        await clock.advance(by: .seconds(1))
+        for (caller, task) in callers.enumerated() { #expect(try await task.value == (caller % 1_050) * 100) }
+        #expect(source.runs.flatMap(\.keys).sorted() == Array(0..<1_050))
+        #expect(family.count == 1_050)
+    }
+
+    /// A fresh key is answered at once and a key in flight is joined: neither is in a batch. Once
+    /// loaded, the keys are fresh: asked again, nothing runs.
+    @Test func aHitIsAnsweredAndAFlightJoinedWithoutABatch() async throws {
+        let clock = VirtualClock()
+        let source = BatchSource(clock: clock)
+        let keyed = KeyedSource(clock: clock)
+        let family = AsyncStateFamily<Int, Int>(clock: clock)
+        family.set(7, for: 1)
+        let inFlight = clock.task { try await family.value(for: 2, keyed.operation) }
+        await clock.advance(by: .zero)
+        #expect(try await family.value(for: 1, batchWindow: .milliseconds(5)) { try await source.operation($0) } == 7)
+        let callers = [2, 3, 4].map { key in
+            clock.task {
+                try await family.value(for: key, batchWindow: .milliseconds(5)) { try await source.operation($0) }
+            }
+        }
+        await clock.advance(by: .milliseconds(5))
+        #expect(source.runs.map(\.keys) == [[3, 4]])
+        await clock.advance(by: .seconds(1))
+        #expect(try await callers.asyncMap { try await $0.value } == [21, 300, 400])
+        #expect(try await inFlight.value == 21)
+        for key in [3, 4] {
+            #expect(
+                try await family.value(for: key, batchWindow: .zero) { try await source.operation($0) } == key * 100)
+        }
+        #expect(source.runs.count == 1)
+    }
+
+    /// Each key has its own outcome: one left out of the answer fails with `missingFromBatch`, and
+    /// its retry (the family's policy) loads it alone, a second after the failure. (A window of zero
+    /// would close the batch when its task runs, which may be before the second caller's miss: a
+    /// test that needs both keys in one batch gives the window a length.)
+    @Test func aKeyLeftOutFailsAndItsRetryRunsAlone() async throws {
+        let clock = VirtualClock()
+        let family = AsyncStateFamily<Int, Int>(clock: clock)
+        let omitting = BatchSource(clock: clock, omitting: [2])
+        let callers = [1, 2].map { key in
+            clock.task {
+                try await family.value(for: key, batchWindow: .milliseconds(1)) { try await omitting.operation($0) }
+            }
+        }
+        await clock.advance(by: .seconds(1) + .milliseconds(1))
+        #expect(try await callers[0].value == 100)
+        await #expect(throws: AsyncStateError.missingFromBatch) { try await callers[1].value }
+        #expect(omitting.runs.map(\.keys) == [[1, 2]])
+
+        let retrying = AsyncStateFamily<Int, Int>(
+            clock: clock, retry: .exponential(maxAttempts: 2, initial: .seconds(1)))
+        let runs = LockedValue<[[Int]]>([])
+        let retried = [1, 2].map { key in
+            clock.task {
+                try await retrying.value(for: key, batchWindow: .milliseconds(1)) { keys in
+                    let run = runs.withLock {
+                        $0.append(keys)
+                        return $0.count
+                    }
+                    try await clock.sleep(for: .seconds(1))
+                    return Dictionary(uniqueKeysWithValues: keys.filter { run > 1 || $0 != 2 }.map { ($0, $0 * 100) })
+                }
+            }
+        }
+        await clock.advance(by: .seconds(3) + .milliseconds(1))  // the batch from 1 ms, 1 s; key 2's retry a second later
+        #expect(try await retried.asyncMap { try await $0.value } == [100, 200])
+        #expect(runs.withLock { $0 } == [[1, 2], [2]])
+    }
+
+    /// Callers that all leave before their batch closes cancel it: the operation, started at the end
+    /// of the window, sees the cancellation, answers nobody, and the entries stay as they were.
+    @Test func cancellingEveryCallerCancelsTheBatch() async throws {
+        let clock = VirtualClock()
+        let sawCancellation = LockedValue<Bool?>(nil)
+        let family = AsyncStateFamily<Int, Int>(clock: clock)
+        let callers = [1, 2, 3].map { key in
+            clock.task {
+                try await family.value(for: key, batchWindow: .seconds(1)) { keys in
+                    sawCancellation.withLock { $0 = Task.isCancelled }
+                    try await clock.sleep(for: .seconds(10))
+                    return [:]
+                }
+            }
+        }
+        await clock.advance(by: .milliseconds(500))
+        for caller in callers { caller.cancel() }
+        for caller in callers { await #expect(throws: CancellationError.self) { try await caller.value } }
+        await clock.advance(by: .seconds(1))
+        #expect(sawCancellation.withLock { $0 } == true)
+        #expect(family.snapshots.values.allSatisfy { $0.phase.name == "initial" })
+    }
+
+    /// Bad sizes and windows are clamped: a size below 1 is 1 (a call per key), a negative window is
+    /// zero. A window past what a real clock can represent does not trap: on `ContinuousClock`, a batch
+    /// that fills closes at once whatever its window.
+    @Test func badSizesAndWindowsAreClamped() async throws {
+        let clock = VirtualClock()
+        let source = BatchSource(clock: clock)
+        let family = AsyncStateFamily<Int, Int>(clock: clock)
+        let callers = [1, 2, 3].map { key in
+            clock.task {
+                try await family.value(for: key, batchWindow: .seconds(-5), maxBatchSize: 0) {
+                    try await source.operation($0)
+                }
+            }
+        }
+        await clock.advance(by: .zero)
+        #expect(source.runs.map(\.keys).sorted { $0[0] < $1[0] } == [[1], [2], [3]])
+        await clock.advance(by: .seconds(1))
+        #expect(try await callers.asyncMap { try await $0.value } == [100, 200, 300])
+
+        let real = AsyncStateFamily<Int, Int>()
+        let answers = try await withThrowingTaskGroup(of: Int.self) { group in
+            for key in [1, 2] {
+                group.addTask {
+                    try await real.value(for: key, batchWindow: .seconds(Int64.max), maxBatchSize: 2) { keys in
+                        Dictionary(uniqueKeysWithValues: keys.map { ($0, $0 * 100) })
+                    }
+                }
+            }
+            return try await group.reduce(0, +)
+        }
+        #expect(answers == 300)
+    }
+
+    /// The family's capacity holds: 1,000 keys missed in batches through a family of 100.
+    @Test func theCapacityHolds() async throws {
+        let clock = VirtualClock()
+        let source = BatchSource(clock: clock)
+        let family = AsyncStateFamily<Int, Int>(capacity: 100, clock: clock)
+        let callers = (0..<1_000).map { key in
+            clock.task {
+                try await family.value(for: key, batchWindow: .milliseconds(1), maxBatchSize: 250) {
+                    try await source.operation($0)
+                }
+            }
+        }
+        await clock.advance(by: .seconds(2))
+        for (key, caller) in callers.enumerated() { #expect(try await caller.value == key * 100) }
+        #expect(source.runs.count == 4)
+        #expect(family.count <= 100)
+    }
+}
+
+extension Array where Element: Sendable {
+    /// The elements transformed in order, awaiting each.
+    func asyncMap<T>(_ transform: (Element) async throws -> T) async rethrows -> [T] {
+        var results: [T] = []
+        for element in self { results.append(try await transform(element)) }
+        return results
+    }
+}
