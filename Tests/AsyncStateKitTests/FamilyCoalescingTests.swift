@@ -121,7 +121,8 @@ import Testing
                 }
             }
         }
-        await clock.advance(by: .seconds(3) + .milliseconds(1))  // the batch from 1 ms, 1 s; key 2's retry a second later
+        // The batch from 1 ms for a second; key 2's retry a second after that, for a second.
+        await clock.advance(by: .seconds(3) + .milliseconds(1))
         #expect(try await retried.asyncMap { try await $0.value } == [100, 200])
         #expect(runs.withLock { $0 } == [[1, 2], [2]])
     }
