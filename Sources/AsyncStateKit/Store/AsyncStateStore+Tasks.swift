@@ -51,32 +51,12 @@ extension AsyncStateStore {
     /// The number of waiters whose slots are still in the table (for tests).
     var waiterCount: Int { core.withLock { $0.waiterSlots.count } }
 
-    /// Starts an attempt's task, after the event that started the attempt has released the lock, and
-    /// gives the task to the attempt's flight — or cancels it, if the attempt is no longer running
-    /// by then (its flight ended meanwhile: every waiter left, a timeout; or the task has already run
-    /// to its end, and cancelling it does nothing).
-    @usableFromInline
-    func launchAndAttach(_ attempt: Machine.Attempt) {
-        let task = launch(attempt)
-        let attached = core.withLock { $0.machine.attach(task: task, toAttempt: attempt.id) }
-        if !attached { task.cancel() }
-    }
-
     /// The attempt's task: runs the operation, marked as this attempt for the reentrancy check, and
     /// reports how it ended — always, whatever it threw, so the machine sees every end.
-    ///
-    /// Without a timeout the task starts immediately (`Task.immediate`): the operation runs on the
-    /// caller's thread until it first suspends, so that a caller that starts a flight hands nothing to
-    /// another thread to begin it, and an operation that answers without suspending (a value at hand,
-    /// a local cache) settles the flight before its caller waits. It is still a task of its own: the
-    /// caller's cancellation does not reach it, and once it suspends a cancelled caller leaves at
-    /// once, as a joiner does. With a timeout it starts on a thread of its own, as any task does, so
-    /// that the timeout bounds the wait even for an operation that blocks its thread and never
-    /// suspends. Never called under a lock (the operation is the user's code).
     func launch(_ attempt: Machine.Attempt) -> Task<Void, Never> {
         let marked = OperationContext.running + [.init(store: ObjectIdentifier(self), attempt: attempt.id)]
         let (operation, flight, id) = (attempt.operation, attempt.flight, attempt.id)
-        let run: @Sendable () async -> Void = { [self] in
+        return Task(executorPreference: clock.executor) { [self] in
             let outcome: Machine.Outcome
             do {
                 outcome = .success(try await OperationContext.$running.withValue(marked) { try await operation() })
@@ -87,9 +67,6 @@ extension AsyncStateStore {
             }
             attemptFinished(flight, id, outcome)
         }
-        return attempt.timeoutAt == nil
-            ? Task.immediate(executorPreference: clock.executor, operation: run)
-            : Task(executorPreference: clock.executor, operation: run)
     }
 
     /// A timer: sleeps until `deadline` on the clock, then runs `fired` with the error the sleep threw,

@@ -77,8 +77,6 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         @usableFromInline var cancelledWaiter: UnsafeContinuation<WaiterOutcome, Never>?
         /// Events for the observer, in order (only with an observer).
         @usableFromInline var events: [AsyncStateEvent.Kind] = []
-        /// The attempt to launch once the lock is released (an event starts at most one).
-        @usableFromInline var launch: Machine.Attempt?
 
         @inlinable init() {}
 
@@ -170,7 +168,6 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             // The observer hears of a settle before its waiters resume.
             if !effects.events.isEmpty { events?.drain() }
             effects.perform()
-            if let attempt = effects.launch { launchAndAttach(attempt) }
         }
         return try core.withLock { core in
             defer { if !effects.events.isEmpty { events?.enqueue(effects.events) } }
@@ -494,15 +491,13 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     func start(_ attempt: Machine.Attempt, at now: Duration, in core: inout Core, _ effects: inout Effects) {
         if let reason = attempt.starts { record(.started(reason), in: &effects) }
         let (flight, id) = (attempt.flight, attempt.id)
+        let task = launch(attempt)
         let timer = attempt.timeoutAt.map { deadline in
             // A timer whose sleep throws without being cancelled cannot keep its promise to end the
             // wait at the deadline, so it ends it now.
             schedule(at: deadline) { store, _ in store.attemptTimedOut(flight, id) }
         }
-        // The attempt's task starts once the lock is released (see ``launchAndAttach(_:)``).
-        precondition(effects.launch == nil, "an event started two attempts")
-        effects.launch = attempt
-        core.machine.attach(task: nil, timer: timer)
+        core.machine.attach(task: task, timer: timer)
         publish(core.machine, at: now)
     }
 }

@@ -256,17 +256,6 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         }
     }
 
-    /// Gives the task running attempt `attempt` to its flight, if that attempt is the flight's running
-    /// one; returns whether it did (if not, the attempt is over and its task is the caller's to
-    /// cancel). The task starts after the event that started the attempt, so its flight may have
-    /// ended, or the attempt settled, by the time it is given.
-    @inlinable
-    mutating func attach(task: Handle, toAttempt attempt: AttemptID) -> Bool {
-        guard case .running(attempt) = flightBox?.flight.stage else { return false }
-        mutateFlight { $0.handles.attempt = task }
-        return true
-    }
-
     /// The task of waiter `waiter` was cancelled: it stops waiting; the flight is cancelled if it was
     /// the last waiter of a flight that is not a background one.
     @inlinable
