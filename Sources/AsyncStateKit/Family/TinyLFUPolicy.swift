@@ -214,22 +214,16 @@ struct TinyLFUPolicy {
         guard limit != windowLimit, !nodes.isEmpty else { return }
         windowLimit = limit
         protectedLimit = Self.protectedLimit(capacity: capacity, window: limit)
-        while windowCount > windowLimit {
-            let oldest = Int(nodes[Segment.window.sentinel].newer)
-            unlink(oldest)
-            link(oldest, into: .probation)
-        }
-        while protectedCount > protectedLimit {
-            let demoted = Int(nodes[Segment.protected.sentinel].newer)
-            unlink(demoted)
-            link(demoted, into: .probation)
-        }
+        while windowCount > windowLimit { moveOldest(of: .window, to: .probation) }
+        while protectedCount > protectedLimit { moveOldest(of: .protected, to: .probation) }
         while windowCount < windowLimit {
-            var oldest = Int(nodes[Segment.probation.sentinel].newer)
-            if oldest == Segment.probation.sentinel { oldest = Int(nodes[Segment.protected.sentinel].newer) }
-            guard oldest != Segment.protected.sentinel else { break }
-            unlink(oldest)
-            link(oldest, into: .window)
+            if !isEmpty(.probation) {
+                moveOldest(of: .probation, to: .window)
+            } else if !isEmpty(.protected) {
+                moveOldest(of: .protected, to: .window)
+            } else {
+                break
+            }
         }
     }
 
@@ -243,16 +237,23 @@ struct TinyLFUPolicy {
         if segment == .probation {
             unlink(node)
             link(node, into: .protected)
-            if protectedCount > protectedLimit {
-                let demoted = Int(nodes[Segment.protected.sentinel].newer)
-                unlink(demoted)
-                link(demoted, into: .probation)
-            }
+            if protectedCount > protectedLimit { moveOldest(of: .protected, to: .probation) }
         } else if node != Int(nodes[segment.sentinel].older) {
             unlink(node)
             link(node, into: segment)
         }
     }
+
+    /// Moves the least recently used entry of list `from` (not empty) to the most recent end of `to`.
+    @inlinable
+    mutating func moveOldest(of from: Segment, to: Segment) {
+        let oldest = Int(nodes[from.sentinel].newer)
+        unlink(oldest)
+        link(oldest, into: to)
+    }
+
+    /// Whether list `segment` holds no entry.
+    func isEmpty(_ segment: Segment) -> Bool { nodes[segment.sentinel].newer == Int32(segment.sentinel) }
 
     /// Puts the entry at `node` at the most recent end of list `segment`.
     @inlinable
