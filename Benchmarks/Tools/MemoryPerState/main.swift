@@ -2,6 +2,7 @@
 // benchmark process reuses pages freed by earlier benchmarks, which hides growth). Run:
 //   swift run --package-path Benchmarks -c release MemoryPerState [count]           # AsyncState<Int>
 //   swift run --package-path Benchmarks -c release MemoryPerState family [count]    # family entries
+//   swift run --package-path Benchmarks -c release MemoryPerState evicting [count]  # the same, after twice as many keys (evicting)
 //   swift run --package-path Benchmarks -c release MemoryPerState empty [capacity]   # empty families
 import AsyncStateKit
 import Foundation
@@ -29,10 +30,12 @@ nonisolated func measureStates(count: Int) async -> Int {
 
 /// Resident bytes per idle entry of an `AsyncStateFamily<Int, Int>` holding `count` entries (its
 /// keys and values included: 16 bytes of them).
-nonisolated func measureFamily(count: Int) -> Int {
+/// With `evicting`, twice as many keys are set, so that the family evicts half of them (and holds
+/// what an evicting family holds besides its entries: the policy's history of evicted keys).
+nonisolated func measureFamily(count: Int, evicting: Bool = false) -> Int {
     let before = residentBytes()
     let family = AsyncStateFamily<Int, Int>(capacity: count)
-    for key in 0..<count { family.set(key, for: key) }  // set once, then idle
+    for key in 0..<(evicting ? 2 * count : count) { family.set(key, for: key) }  // set once, then idle
     let perEntry = (residentBytes() - before) / count
     withExtendedLifetime(family) {}
     return perEntry
@@ -54,9 +57,12 @@ let arguments = CommandLine.arguments.dropFirst()
 if arguments.first == "empty" {
     let capacity = arguments.dropFirst().first.flatMap(Int.init) ?? 1_000
     print("\(measureEmptyFamilies(capacity: capacity)) resident bytes per empty family of capacity \(capacity)")
-} else if arguments.first == "family" {
+} else if arguments.first == "family" || arguments.first == "evicting" {
     let count = arguments.dropFirst().first.flatMap(Int.init) ?? 1_000_000
-    print("\(measureFamily(count: count)) resident bytes per idle AsyncStateFamily<Int, Int> entry (\(count) entries)")
+    let evicting = arguments.first == "evicting"
+    print(
+        "\(measureFamily(count: count, evicting: evicting)) resident bytes per idle AsyncStateFamily<Int, Int> entry"
+            + " (\(count) entries\(evicting ? ", after \(2 * count) keys" : ""))")
 } else {
     let count = arguments.first.flatMap(Int.init) ?? 100_000
     print("\(await measureStates(count: count)) resident bytes per idle AsyncState<Int> (\(count) states)")
