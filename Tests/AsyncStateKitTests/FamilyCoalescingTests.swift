@@ -127,6 +127,34 @@ import Testing
         #expect(runs.withLock { $0 } == [[1, 2], [2]])
     }
 
+    /// A call that throws at once (here a failure answered from the failure expiry) opens no batch:
+    /// the next key's batch still closes at the end of its window.
+    @Test func aCallThatThrowsAtOnceLeavesNoBatchOpen() async throws {
+        let clock = VirtualClock()
+        let family = AsyncStateFamily<Int, Int>(clock: clock, failureExpiry: .seconds(60))
+        let omitting = BatchSource(clock: clock, omitting: [1])
+        let first = clock.task {
+            try await family.value(for: 1, batchWindow: .milliseconds(1)) { try await omitting.operation($0) }
+        }
+        await clock.advance(by: .seconds(2))
+        await #expect(throws: AsyncStateError.missingFromBatch) { try await first.value }
+        // Key 1's failure is answered from memory: this call throws without entering a batch.
+        await #expect(throws: AsyncStateError.missingFromBatch) {
+            try await family.value(for: 1, batchWindow: .milliseconds(1)) { try await omitting.operation($0) }
+        }
+        let second = clock.task {
+            try await family.value(for: 2, batchWindow: .milliseconds(1)) { try await omitting.operation($0) }
+        }
+        await clock.advance(by: .milliseconds(1))
+        #expect(omitting.runs.map(\.keys) == [[1], [2]])
+        guard omitting.runs.count == 2 else {
+            second.cancel()  // the batch never closed: do not wait for it
+            return
+        }
+        await clock.advance(by: .seconds(1))
+        #expect(try await second.value == 200)
+    }
+
     /// Callers that all leave before their batch closes cancel it: the operation, started at the end
     /// of the window, sees the cancellation, answers nobody, and the entries stay as they were.
     @Test func cancellingEveryCallerCancelsTheBatch() async throws {

@@ -47,19 +47,20 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
         // The store is entered under this lock, so that the batch the flight asks is the batch the key
         // is added to (the batch cannot close in between). Lock order: this lock, then the store's.
         let ticket = try open.withLock { open -> Store.Ticket in
-            if open == nil {
-                open = Open(load: BatchLoad(operation: operation), maxSize: max(1, maxSize))
-                opened = open!.load
-            }
-            let load = open!.load
+            // A batch opens only with a key: a call that joins a flight, is answered at once or
+            // throws leaves no batch open (one left open without a key would have no timer).
+            let load = open?.load ?? BatchLoad(operation: operation)
             let ticket = try store.enter(.value, policy: retry, { try await load.value(for: key) })
-            if let started = ticket.started {
-                open!.keys.append(key)
-                open!.attempts.append(store.mark(started))
-                if open!.keys.count >= open!.maxSize {
-                    full = open
-                    open = nil
-                }
+            guard let started = ticket.started else { return ticket }
+            if open == nil {
+                open = Open(load: load, maxSize: max(1, maxSize))
+                opened = load
+            }
+            open!.keys.append(key)
+            open!.attempts.append(store.mark(started))
+            if open!.keys.count >= open!.maxSize {
+                full = open
+                open = nil
             }
             return ticket
         }
