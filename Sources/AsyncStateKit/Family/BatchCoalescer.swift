@@ -15,15 +15,31 @@
 @usableFromInline
 final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @usableFromInline typealias Store = AsyncStateStore<Value?>
+    @usableFromInline typealias Load = BatchLoad<Key, Value>
 
     /// The batch keys are added to.
     private struct Open {
-        let load: BatchLoad<Key, Value>
+        let load: Load
         let maxSize: Int
         var keys: [Key] = []
         var attempts: [OperationContext.Entry] = []
         /// Closes the batch at the end of its window; `nil` until it is scheduled.
         var timer: Task<Void, Never>?
+    }
+
+    /// Where a flight's operation finds the batch its key was added to. The store is entered without
+    /// this coalescer's lock (entering may call the observer, which must run with no lock held), so
+    /// the key is added to a batch just after; an operation that runs before then waits for it.
+    @usableFromInline
+    final class Seat: Sendable {
+        @usableFromInline
+        struct State {
+            var load: Load?
+            var waiting: UnsafeContinuation<Load, Never>?
+        }
+        @usableFromInline let state = LockedValue(State())
+
+        @usableFromInline init() {}
     }
 
     private let open = LockedValue<Open?>(nil)
@@ -34,36 +50,37 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
     }
 
     /// A call for `key` on its pinned `store`: enters the store (as ``AsyncStateStore/enter(_:policy:_:)``
-    /// does with `.value`) with an operation that asks the open batch, and adds the key to that batch
-    /// if the call started its flight. `operation`, `window` and `maxSize` open a batch if there is
-    /// none (a batch already open keeps its own).
+    /// does with `.value`) with an operation that asks the batch its key joins, and adds the key to
+    /// the open batch if the call started its flight. `operation`, `window` and `maxSize` open a batch
+    /// if there is none (a batch already open keeps its own).
     @usableFromInline
     func enter(
         _ key: Key, in store: Store, window: Duration, maxSize: Int, retry: RetryPolicy?,
-        _ operation: @escaping BatchLoad<Key, Value>.Operation
+        _ operation: @escaping Load.Operation
     ) throws -> Store.Ticket {
-        var opened: BatchLoad<Key, Value>?
-        var full: Open?
-        // The store is entered under this lock, so that the batch the flight asks is the batch the key
-        // is added to (the batch cannot close in between). Lock order: this lock, then the store's.
-        let ticket = try open.withLock { open -> Store.Ticket in
-            // A batch opens only with a key: a call that joins a flight, is answered at once or
-            // throws leaves no batch open (one left open without a key would have no timer).
-            let load = open?.load ?? BatchLoad(operation: operation)
-            let ticket = try store.enter(.value, policy: retry, { try await load.value(for: key) })
-            guard let started = ticket.started else { return ticket }
+        let seat = Seat()
+        let ticket = try store.enter(.value, policy: retry, { try await Self.value(for: key, at: seat) })
+        // A call that joins a flight, is answered at once or throws adds no key, and opens no batch.
+        guard let started = ticket.started else { return ticket }
+        var opened: Load?
+        let (load, full) = open.withLock { open -> (Load, Open?) in
             if open == nil {
-                open = Open(load: load, maxSize: max(1, maxSize))
-                opened = load
+                open = Open(load: Load(operation: operation), maxSize: max(1, maxSize))
+                opened = open!.load
             }
             open!.keys.append(key)
             open!.attempts.append(store.mark(started))
-            if open!.keys.count >= open!.maxSize {
-                full = open
-                open = nil
-            }
-            return ticket
+            let load = open!.load
+            guard open!.keys.count >= open!.maxSize else { return (load, nil) }
+            defer { open = nil }
+            return (load, open)
         }
+        let waiting = seat.state.withLock { state in
+            state.load = load
+            defer { state.waiting = nil }
+            return state.waiting
+        }
+        waiting?.resume(returning: load)
         if let full {
             full.timer?.cancel()
             start(full)
@@ -72,11 +89,31 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
         return ticket
     }
 
+    /// A flight's operation: `key`'s value from the batch its key joined (see ``Seat``).
+    @usableFromInline
+    static func value(for key: Key, at seat: Seat) async throws -> Value {
+        if let load = seat.state.withLock({ $0.load }) { return try await load.value(for: key) }
+        let load = await withUnsafeContinuation { continuation in
+            let load = seat.state.withLock { state -> Load? in
+                if state.load == nil { state.waiting = continuation }
+                return state.load
+            }
+            if let load { continuation.resume(returning: load) }
+        }
+        return try await load.value(for: key)
+    }
+
     /// Closes `load`'s batch once `window` has passed, unless it has closed by then.
-    private func schedule(_ load: BatchLoad<Key, Value>, after window: Duration) {
+    private func schedule(_ load: Load, after window: Duration) {
         let deadline = clock.now().saturatingAdd(window.clampedToLimits)
         let timer = Task(executorPreference: clock.executor) { [self, clock] in
-            do { try await clock.sleep(deadline) } catch { return }  // cancelled: it closed when full
+            do {
+                try await clock.sleep(deadline)
+            } catch {
+                // Cancelled: the batch closed when full. A sleep that throws otherwise cannot wait
+                // for the deadline, so the batch closes now (as a store's timers end their waits).
+                if Task.isCancelled { return }
+            }
             close(load)
         }
         let closed = open.withLock { open -> Bool in
@@ -88,7 +125,7 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
     }
 
     /// Closes `load`'s batch if it is still the open one.
-    private func close(_ load: BatchLoad<Key, Value>) {
+    private func close(_ load: Load) {
         let closing = open.withLock { open -> Open? in
             guard open?.load === load else { return nil }
             defer { open = nil }
@@ -97,10 +134,8 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
         if let closing { start(closing) }
     }
 
-    /// Runs a closed batch's operation for its keys (none: a batch whose calls all joined flights
-    /// already in flight, or failed to enter, runs nothing).
+    /// Runs a closed batch's operation for its keys (a batch opens with its first key, so it has one).
     private func start(_ batch: Open) {
-        guard !batch.keys.isEmpty else { return }
         batch.load.start(batch.keys, attempts: batch.attempts, executor: clock.executor)
     }
 }
