@@ -2,7 +2,8 @@
 /// DataLoader's batching, under the family's expiry and eviction.
 ///
 /// A miss that starts its key's flight adds the key to the open batch, opening one if there is none;
-/// the flight's operation asks the batch's ``BatchLoad`` for its key's value. The batch closes — its
+/// the flight's operation asks the batch's ``BatchLoad`` for its key's value (finding the batch
+/// through the call's ``Seat``). The batch closes — its
 /// operation runs once for all its keys — when it holds `maxBatchSize` keys, or when its window has
 /// passed on the family's clock since it opened, whichever is first. A miss that joins a flight
 /// already in flight adds nothing: each key is loaded once. So `N` concurrent misses of distinct keys
