@@ -20,6 +20,16 @@ import Testing
 
         var runs: [(keys: [Int], at: Duration)] { log.withLock { $0 } }
 
+        /// A caller on the clock: `key`'s coalesced `value(for:batchWindow:maxBatchSize:)` on `family`,
+        /// with this source's operation.
+        func ask(
+            _ family: AsyncStateFamily<Int, Int>, _ key: Int, window: Duration, maxBatchSize: Int = 100
+        ) -> Task<Int, any Error> {
+            clock.task { [operation] in
+                try await family.value(for: key, batchWindow: window, maxBatchSize: maxBatchSize, operation)
+            }
+        }
+
         var operation: @Sendable ([Int]) async throws -> [Int: Int] {
             { [self] keys in
                 log.withLock { $0.append((keys, clock.now.offset)) }
@@ -38,13 +48,7 @@ import Testing
         let clock = VirtualClock()
         let source = BatchSource(clock: clock)
         let family = AsyncStateFamily<Int, Int>(capacity: 10_000, clock: clock)
-        let callers = (0..<1_050).map { caller in
-            clock.task {
-                try await family.value(for: caller % 525, batchWindow: .milliseconds(5), maxBatchSize: 50) {
-                    try await source.operation($0)
-                }
-            }
-        }
+        let callers = (0..<1_050).map { source.ask(family, $0 % 525, window: .milliseconds(5), maxBatchSize: 50) }
         await clock.advance(by: .zero)
         #expect(source.runs.count == 10)
         #expect(source.runs.allSatisfy { $0.keys.count == 50 && $0.at == .zero })
@@ -75,11 +79,7 @@ import Testing
         let inFlight = clock.task { try await family.value(for: 2, keyed.operation) }
         await clock.advance(by: .zero)
         #expect(try await family.value(for: 1, batchWindow: .milliseconds(5)) { try await source.operation($0) } == 7)
-        let callers = [2, 3, 4].map { key in
-            clock.task {
-                try await family.value(for: key, batchWindow: .milliseconds(5)) { try await source.operation($0) }
-            }
-        }
+        let callers = [2, 3, 4].map { source.ask(family, $0, window: .milliseconds(5)) }
         await clock.advance(by: .milliseconds(5))
         #expect(source.runs.map(\.keys) == [[3, 4]])
         await clock.advance(by: .seconds(1))
@@ -100,11 +100,7 @@ import Testing
         let clock = VirtualClock()
         let family = AsyncStateFamily<Int, Int>(clock: clock)
         let omitting = BatchSource(clock: clock, omitting: [2])
-        let callers = [1, 2].map { key in
-            clock.task {
-                try await family.value(for: key, batchWindow: .milliseconds(1)) { try await omitting.operation($0) }
-            }
-        }
+        let callers = [1, 2].map { omitting.ask(family, $0, window: .milliseconds(1)) }
         await clock.advance(by: .seconds(1) + .milliseconds(1))
         #expect(try await callers[0].value == 100)
         await #expect(throws: AsyncStateError.missingFromBatch) { try await callers[1].value }
@@ -137,18 +133,14 @@ import Testing
         let clock = VirtualClock()
         let family = AsyncStateFamily<Int, Int>(clock: clock, failureExpiry: .seconds(60))
         let omitting = BatchSource(clock: clock, omitting: [1])
-        let first = clock.task {
-            try await family.value(for: 1, batchWindow: .milliseconds(1)) { try await omitting.operation($0) }
-        }
+        let first = omitting.ask(family, 1, window: .milliseconds(1))
         await clock.advance(by: .seconds(2))
         await #expect(throws: AsyncStateError.missingFromBatch) { try await first.value }
         // Key 1's failure is answered from memory: this call throws without entering a batch.
         await #expect(throws: AsyncStateError.missingFromBatch) {
             try await family.value(for: 1, batchWindow: .milliseconds(1)) { try await omitting.operation($0) }
         }
-        let second = clock.task {
-            try await family.value(for: 2, batchWindow: .milliseconds(1)) { try await omitting.operation($0) }
-        }
+        let second = omitting.ask(family, 2, window: .milliseconds(1))
         await clock.advance(by: .milliseconds(1))
         #expect(omitting.runs.map(\.keys) == [[1], [2]])
         guard omitting.runs.count == 2 else {
@@ -189,13 +181,7 @@ import Testing
         let clock = VirtualClock()
         let source = BatchSource(clock: clock)
         let family = AsyncStateFamily<Int, Int>(clock: clock)
-        let callers = [1, 2, 3].map { key in
-            clock.task {
-                try await family.value(for: key, batchWindow: .seconds(-5), maxBatchSize: 0) {
-                    try await source.operation($0)
-                }
-            }
-        }
+        let callers = [1, 2, 3].map { source.ask(family, $0, window: .seconds(-5), maxBatchSize: 0) }
         await clock.advance(by: .zero)
         #expect(source.runs.map(\.keys).sorted { $0[0] < $1[0] } == [[1], [2], [3]])
         await clock.advance(by: .seconds(1))
@@ -220,13 +206,7 @@ import Testing
         let clock = VirtualClock()
         let source = BatchSource(clock: clock)
         let family = AsyncStateFamily<Int, Int>(capacity: 30, clock: clock)
-        let callers = (0..<300).map { key in
-            clock.task {
-                try await family.value(for: key, batchWindow: .milliseconds(1), maxBatchSize: 75) {
-                    try await source.operation($0)
-                }
-            }
-        }
+        let callers = (0..<300).map { source.ask(family, $0, window: .milliseconds(1), maxBatchSize: 75) }
         await clock.advance(by: .seconds(2))
         #expect(source.runs.count == 4)
         guard source.runs.count == 4 else {

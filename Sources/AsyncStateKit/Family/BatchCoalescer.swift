@@ -3,9 +3,9 @@
 ///
 /// A miss that starts its key's flight adds the key to the open batch, opening one if there is none;
 /// the flight's operation asks the batch's ``BatchLoad`` for its key's value (finding the batch
-/// through the call's ``Seat``). The batch closes — its
-/// operation runs once for all its keys — when it holds `maxBatchSize` keys, or when its window has
-/// passed on the family's clock since it opened, whichever is first. A miss that joins a flight
+/// through the call's ``Seat``). The batch closes — its operation runs once for all its keys — when
+/// it holds `maxBatchSize` keys, or when its window has passed on the family's clock since it opened,
+/// whichever is first. A miss that joins a flight
 /// already in flight adds nothing: each key is loaded once. So `N` concurrent misses of distinct keys
 /// within a window make `⌈N / maxBatchSize⌉` operation calls.
 ///
@@ -31,16 +31,12 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
     /// Where a flight's operation finds the batch its key was added to. The store is entered without
     /// this coalescer's lock (entering may call the observer, which must run with no lock held), so
     /// the key is added to a batch just after; an operation that runs before then waits for it.
-    @usableFromInline
     final class Seat: Sendable {
-        @usableFromInline
         struct State {
             var load: Load?
             var waiting: UnsafeContinuation<Load, Never>?
         }
-        @usableFromInline let state = LockedValue(State())
-
-        @usableFromInline init() {}
+        let state = LockedValue(State())
     }
 
     private let open = LockedValue<Open?>(nil)
@@ -91,7 +87,6 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
     }
 
     /// A flight's operation: `key`'s value from the batch its key joined (see ``Seat``).
-    @usableFromInline
     static func value(for key: Key, at seat: Seat) async throws -> Value {
         if let load = seat.state.withLock({ $0.load }) { return try await load.value(for: key) }
         let load = await withUnsafeContinuation { continuation in
