@@ -21,13 +21,13 @@ public enum AsyncStateLimits {
 
 extension Duration {
     /// This duration clamped to `0...AsyncStateLimits.maximumDuration`.
-    package var clampedToLimits: Duration {
+    @usableFromInline package var clampedToLimits: Duration {
         min(max(self, .zero), AsyncStateLimits.maximumDuration)
     }
 
     /// `self + other`, saturating instead of overflowing (for an instant plus a clamped,
     /// non-negative duration).
-    package func saturatingAdd(_ other: Duration) -> Duration {
+    @usableFromInline package func saturatingAdd(_ other: Duration) -> Duration {
         let ceiling = Duration.seconds(Int64.max)
         guard other > .zero else { return self + max(other, .zero - ceiling) }
         return self > ceiling - other ? ceiling : self + other

@@ -97,12 +97,19 @@ public struct AsyncStateEvent: Sendable {
 }
 
 /// A state's observer and what it reports as (the store's part; `nil` without an observer).
+@usableFromInline
 struct Observation: Sendable {
-    let name: String
-    let key: String?
-    let observer: any AsyncStateObserver
+    @usableFromInline let name: String
+    @usableFromInline let key: String?
+    @usableFromInline let observer: any AsyncStateObserver
+
+    @usableFromInline
+    init(name: String, key: String?, observer: any AsyncStateObserver) {
+        (self.name, self.key, self.observer) = (name, key, observer)
+    }
 
     /// Delivers `kind` now (for hits: by the caller).
+    @usableFromInline
     func deliver(_ kind: AsyncStateEvent.Kind) {
         observer.observe(AsyncStateEvent(name: name, key: key, kind: kind))
     }
@@ -114,8 +121,9 @@ struct Observation: Sendable {
 @usableFromInline
 final class EventQueue: Sendable {
     private let state = LockedValue<(events: [AsyncStateEvent.Kind], draining: Bool)>(([], false))
-    let observation: Observation
+    @usableFromInline let observation: Observation
 
+    @usableFromInline
     init(_ observation: Observation) {
         self.observation = observation
     }

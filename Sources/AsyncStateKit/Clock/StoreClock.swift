@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 #if canImport(Glibc)
 import Glibc
@@ -13,9 +13,9 @@ struct StoreClock: Sendable {
     /// The time since the clock's origin (its `now` when the store was made).
     @usableFromInline let now: @Sendable () -> Duration
     /// The wall date for a success stamp.
-    let date: @Sendable () -> Date
+    @usableFromInline let date: @Sendable () -> Date
     /// Suspends until `offset` since the origin (cancellable).
-    let sleep: @Sendable (_ until: Duration) async throws -> Void
+    @usableFromInline let sleep: @Sendable (_ until: Duration) async throws -> Void
     /// The executor preference for the store's tasks (see `SettlingClock`).
     @usableFromInline let executor: (any TaskExecutor)?
 

@@ -42,6 +42,7 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
     private let open = LockedValue<Open?>(nil)
     private let clock: StoreClock
 
+    @usableFromInline
     init(clock: StoreClock) {
         self.clock = clock
     }

@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+public import Synchronization
 
 /// The shared part of an ``AsyncStateFamily``: its shards, its configuration and its idle sweeper.
 ///
@@ -20,50 +20,50 @@ import Synchronization
 final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @usableFromInline typealias Shard = FamilyShard<Key, Value>
     @usableFromInline typealias Store = AsyncStateStore<Value?>
-    typealias OnRemoval = @Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void
+    @usableFromInline typealias OnRemoval = @Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void
 
     @usableFromInline let shards: [LockedValue<Shard>]
     /// The first shard (the only one of a small family), held directly: a hit on it reads a stored
     /// property, so the shard's storage is not retained and released around the hit.
     @usableFromInline let firstShard: LockedValue<Shard>
     @usableFromInline let shardMask: Int
-    let configuration: StoreConfiguration<Value?>
+    @usableFromInline let configuration: StoreConfiguration<Value?>
     @usableFromInline let clock: StoreClock
     /// How long a hit is answered from the shard (see ``StoreConfiguration/hitWindow``).
     @usableFromInline let hitWindow: Duration
     /// How long data stays fresh (for snapshots).
     @usableFromInline let expiry: Duration
-    let capacity: Int
+    @usableFromInline let capacity: Int
     /// What the entries weigh together, with the maximum; `nil` without a maximum weight.
-    let ledger: WeightLedger?
-    let idleExpiry: Duration?
-    private let onRemoval: OnRemoval?
+    @usableFromInline let ledger: WeightLedger?
+    @usableFromInline let idleExpiry: Duration?
+    @usableFromInline let onRemoval: OnRemoval?
     /// The family's name and observer; each entry reports with its key.
-    let observer: (name: String, observer: any AsyncStateObserver)?
+    @usableFromInline let observer: (name: String, observer: any AsyncStateObserver)?
     /// Whether there is an observer: all the hit path reads without one.
     @usableFromInline let isObserved: Bool
     /// The number of entries, across shards (changed under a shard's lock, read anywhere).
-    private let population = Atomic<Int>(0)
+    @usableFromInline let population = Atomic<Int>(0)
     /// Seeds for the stores' retry jitter (a random seed per store would cost a system call each).
-    private let seeds = Atomic<UInt64>(UInt64.random(in: .min ... .max))
-    private let sweeper = LockedValue<Sweeper>(Sweeper())
+    @usableFromInline let seeds = Atomic<UInt64>(UInt64.random(in: .min ... .max))
+    @usableFromInline let sweeper = LockedValue<Sweeper>(Sweeper())
     /// The open batch of coalesced misses, made by the first such miss (a family that never
     /// coalesces allocates nothing for it).
-    private let coalescerReference = AtomicLazyReference<BatchCoalescer<Key, Value>>()
+    @usableFromInline let coalescerReference = AtomicLazyReference<BatchCoalescer<Key, Value>>()
 
     /// The family's batch coalescer (see ``BatchCoalescer``).
-    @usableFromInline
+    @inlinable
     var coalescer: BatchCoalescer<Key, Value> {
         coalescerReference.load() ?? coalescerReference.storeIfNil(BatchCoalescer(clock: clock))
     }
 
     /// The idle sweeper's task: one per family, sleeping until the oldest entry's idle deadline.
-    private struct Sweeper {
-        var running = false
-        var task: Task<Void, Never>?
+    @usableFromInline struct Sweeper {
+        @usableFromInline var running = false
+        @usableFromInline var task: Task<Void, Never>?
     }
 
-    init(
+    @inlinable init(
         capacity: Int, maximumWeight: Int? = nil, weigher: (@Sendable (Key, Value) -> Int)? = nil,
         idleExpiry: Duration?, configuration: StoreConfiguration<Value?>, clock: StoreClock, onRemoval: OnRemoval?,
         name: String = "", observer: (any AsyncStateObserver)? = nil
@@ -183,14 +183,14 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     }
 
     /// Reports a hit on `key` (outside any lock).
-    @usableFromInline
+    @inlinable
     func observeHit(of key: Key) {
         guard let observer else { return }
         observer.observer.observe(AsyncStateEvent(name: observer.name, key: String(describing: key), kind: .hit))
     }
 
     /// How `key`'s store reports, if the family has an observer.
-    private func observation(of key: Key) -> Observation? {
+    @inlinable func observation(of key: Key) -> Observation? {
         observer.map { Observation(name: $0.name, key: String(describing: key), observer: $0.observer) }
     }
 
@@ -211,7 +211,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     }
 
     /// As ``using(_:_:)``, for synchronous work.
-    func usingNow<Result>(_ key: Key, _ body: (Store) throws -> Result) rethrows -> Result {
+    @inlinable func usingNow<Result>(_ key: Key, _ body: (Store) throws -> Result) rethrows -> Result {
         let store = pin(key)
         defer { unpin(key) }
         return try body(store)
@@ -219,7 +219,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     /// Marks `key`'s entry in use and returns its store (see ``using(_:_:)``). Every pin needs its
     /// ``unpin(_:)``.
-    @usableFromInline
+    @inlinable
     func pin(_ key: Key) -> Store {
         let now = clock.now()
         let (store, inserted) = shard(for: key).withLock { shard in
@@ -241,29 +241,29 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     }
 
     /// Ends a use of `key`'s entry.
-    @usableFromInline
+    @inlinable
     func unpin(_ key: Key) {
         shard(for: key).withLock { $0.unpin(key) }
         trim(after: key)
     }
 
     /// The total weight of the entries (0 without a maximum weight), at most `Int.max`.
-    var weight: Int { ledger?.weight ?? 0 }
+    @inlinable var weight: Int { ledger?.weight ?? 0 }
 
-    private func nextSeed() -> UInt64 {
+    @inlinable func nextSeed() -> UInt64 {
         seeds.wrappingAdd(0x9E37_79B9_7F4A_7C15, ordering: .relaxed).newValue
     }
 
     /// After `key`'s entry was made: counts it, evicts if the family is over its capacity, and starts
     /// the idle sweeper.
-    private func entered(_ key: Key) {
+    @inlinable func entered(_ key: Key) {
         population.add(1, ordering: .relaxed)
         trim(after: key)
         startSweeperIfNeeded()
     }
 
     /// Whether the family holds more entries than its capacity, or weighs more than its maximum.
-    private var isOver: Bool {
+    @inlinable var isOver: Bool {
         population.load(ordering: .relaxed) > capacity || ledger?.isOver == true
     }
 
@@ -278,7 +278,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// family is still over (that shard had nothing else to evict, or holds little of the weight),
     /// the other shards evict in turn, one entry each per round, each as its own policy chooses;
     /// only then, if the family is still over, `key`'s entry goes.
-    private func trim(after key: Key) {
+    @inlinable func trim(after key: Key) {
         guard ledger != nil || population.load(ordering: .relaxed) > capacity else { return }
         var removed: [Shard.Removed] = []
         let home = shardIndex(for: key)
@@ -309,7 +309,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// Writes `value` for `key` as a store's `set` would: in the shard for a new or compact entry,
     /// through the store otherwise. Returns the value it replaced. The family is then trimmed to
     /// its bounds, `key`'s entry last (see ``trim(after:)``).
-    func set(_ value: Value, for key: Key) -> Value? {
+    @inlinable func set(_ value: Value, for key: Key) -> Value? {
         let now = clock.now()
         let (done, inserted, replaced) = shard(for: key).withLock { shard in
             shard.setIfCompact(value, for: key, at: now, date: clock.date())
@@ -326,12 +326,12 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     }
 
     /// The entry of `key`, if any (no access recorded, nothing made).
-    func peek(_ key: Key) -> Shard.Entry? {
+    @inlinable func peek(_ key: Key) -> Shard.Entry? {
         shard(for: key).withLock { $0.peek(key) }
     }
 
     /// Marks `key`'s data expired.
-    func invalidate(_ key: Key) {
+    @inlinable func invalidate(_ key: Key) {
         let now = clock.now()
         guard let entry = shard(for: key).withLock({ $0.invalidateIfCompact(key, at: now) }) else { return }
         switch entry {
@@ -345,7 +345,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// Marks expired the data of every key that `isIncluded` accepts: shard by shard, at most 1,024
     /// entries per hold of a shard's lock (so hits on it wait for no more), with no copy of the
     /// entries. Live entries' stores are invalidated after the lock is released.
-    func invalidate(where isIncluded: (Key) throws -> Bool) rethrows {
+    @inlinable func invalidate(where isIncluded: (Key) throws -> Bool) rethrows {
         let now = clock.now()
         for shard in shards {
             var next: Int? = 0
@@ -363,21 +363,21 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     /// Reports to the observer that a compact entry's data was invalidated (a live entry's store
     /// reports its own).
-    private func reportInvalidated(_ key: Key) {
+    @inlinable func reportInvalidated(_ key: Key) {
         guard let observer else { return }
         observer.observer.observe(
             AsyncStateEvent(name: observer.name, key: String(describing: key), kind: .invalidated))
     }
 
     /// Cancels `key`'s fetch in flight, if it has one (only a live entry may).
-    func cancel(_ key: Key) {
+    @inlinable func cancel(_ key: Key) {
         if case .live(let store) = peek(key) { store.cancel() }
     }
 
     /// Removes `key`'s entry: its fetch in flight is cancelled and its `updates` streams finish.
     /// Returns whether there was one.
     @discardableResult
-    func remove(_ key: Key) -> Bool {
+    @inlinable func remove(_ key: Key) -> Bool {
         guard
             let node = shard(for: key).withLock({ shard -> Shard.Leaving? in
                 let node = shard.remove(key)
@@ -391,7 +391,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     }
 
     /// Removes every entry (as ``remove(_:)`` does each).
-    func removeAll() {
+    @inlinable func removeAll() {
         for shard in shards {
             let all = shard.withLock { shard in
                 let all = shard.removeAll()
@@ -404,22 +404,22 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     }
 
     /// Every entry, shard by shard (each shard's entries are read under its lock).
-    var entries: [Shard.Leaving] {
+    @inlinable var entries: [Shard.Leaving] {
         shards.flatMap { $0.withLock { $0.entries } }
     }
 
     /// The number of entries.
-    @usableFromInline var count: Int { population.load(ordering: .relaxed) }
+    @inlinable var count: Int { population.load(ordering: .relaxed) }
 
     /// The bytes the shards' buffers hold (see ``FamilyShard/bufferBytes``), for tests.
-    var bufferBytes: Int { shards.reduce(0) { $0 + $1.withLock { $0.bufferBytes } } }
+    @inlinable var bufferBytes: Int { shards.reduce(0) { $0 + $1.withLock { $0.bufferBytes } } }
 
     /// Reports a replaced value to the removal callback.
-    func reportReplaced(_ key: Key, _ value: Value?) {
+    @inlinable func reportReplaced(_ key: Key, _ value: Value?) {
         report([.init(key: key, value: value, reason: .replaced)])
     }
 
-    private func report(_ removed: [Shard.Removed]) {
+    @inlinable func report(_ removed: [Shard.Removed]) {
         for entry in removed {
             onRemoval?(entry.key, entry.value, entry.reason)
             if let observer {
@@ -433,7 +433,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     // MARK: Idle expiry
 
     /// Starts the sweeper if the family has an idle expiry and it is not running.
-    private func startSweeperIfNeeded() {
+    @inlinable func startSweeperIfNeeded() {
         guard idleExpiry != nil else { return }
         let start = sweeper.withLock { sweeper in
             defer { sweeper.running = true }
@@ -458,7 +458,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     /// When the oldest entry may have become idle (never later; see ``FamilyShard``); `nil` (and the
     /// sweeper stops) when there is no entry.
-    private func nextSweep() -> Duration? {
+    @inlinable func nextSweep() -> Duration? {
         guard let idleExpiry else { return nil }
         return sweeper.withLock { sweeper in
             let oldest = shards.compactMap { $0.withLock { $0.oldestAccess } }.min()
@@ -470,7 +470,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// Removes every entry not accessed for the idle expiry. Entries used since the heap last placed
     /// them are placed again by their last use, up to an eighth of the idle expiry ahead, and at most
     /// 1,024 entries are looked at per hold of a shard's lock (so hits on the shard wait for no more).
-    private func sweep() {
+    @inlinable func sweep() {
         guard let idleExpiry else { return }
         let now = clock.now()
         let deadline = now - idleExpiry

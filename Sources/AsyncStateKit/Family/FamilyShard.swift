@@ -46,7 +46,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         /// ``restoredUntil``, ``RecordTable/Record/notFresh`` for none.
         @usableFromInline var restoredUntilInstant: Duration
 
-        init(_ data: Data) {
+        @inlinable init(_ data: Data) {
             phase = data.phase
             lastError = data.lastError
             lastSuccessSeconds = data.lastSuccess?.timeIntervalSinceReferenceDate ?? .nan
@@ -68,10 +68,15 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// An entry that left the shard, for the removal callback (called after the lock is released).
-    struct Removed {
-        var key: Key
-        var value: Value?
-        var reason: AsyncStateFamilyRemovalReason
+    @usableFromInline struct Removed {
+        @usableFromInline var key: Key
+        @usableFromInline var value: Value?
+        @usableFromInline var reason: AsyncStateFamilyRemovalReason
+
+        @inlinable
+        init(key: Key, value: Value?, reason: AsyncStateFamilyRemovalReason) {
+            (self.key, self.value, self.reason) = (key, value, reason)
+        }
     }
 
     /// The entries: records, index and slots.
@@ -81,28 +86,28 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// Each entry's last access, by slot, when `tracksIdle` (empty otherwise: nothing reads it).
     @usableFromInline var lastAccess: [Duration] = []
     /// The entries by a lower bound of their last access, when `tracksIdle`.
-    var idle = IdleHeap()
+    @usableFromInline var idle = IdleHeap()
     /// Each entry's callers between `pin` and `unpin`, by slot.
-    var users: [Int32] = []
+    @usableFromInline var users: [Int32] = []
     /// What a compact entry keeps off the hit path, by slot (`nil` for a live entry).
     @usableFromInline var metadata: [Metadata?] = []
     /// Each entry's weight, by slot (0 without a value; never negative), and their sum: in `Int128`,
     /// so that no number of entries of any weight overflows it. Every change is also added to the
     /// family's ``WeightLedger``, which holds the sum over every shard. Empty without a weigher:
     /// nothing is weighed then.
-    var weights: [Int] = []
-    private(set) var totalWeight: Int128 = 0
+    @usableFromInline var weights: [Int] = []
+    @usableFromInline var totalWeight: Int128 = 0
     @usableFromInline let tracksIdle: Bool
     /// The share of the family's capacity this shard is sized for.
-    let capacity: Int
+    @usableFromInline let capacity: Int
     /// How an entry is weighed, and the family's total weight; `nil` without a maximum weight.
-    let weigher: (@Sendable (Key, Value) -> Int)?
-    let ledger: WeightLedger?
+    @usableFromInline let weigher: (@Sendable (Key, Value) -> Int)?
+    @usableFromInline let ledger: WeightLedger?
     /// The family's policies: the emptiness test and expiry of a compact entry's writes and
     /// invalidations (see ``settle(_:_:)``).
-    let configuration: StoreConfiguration<Value?>
+    @usableFromInline let configuration: StoreConfiguration<Value?>
 
-    init(
+    @inlinable init(
         capacity: Int, weigher: (@Sendable (Key, Value) -> Int)? = nil, ledger: WeightLedger? = nil,
         tracksIdle: Bool = false,
         configuration: StoreConfiguration<Value?> = StoreConfiguration(expiry: .seconds(120), isEmpty: { _ in false })
@@ -115,40 +120,40 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         policy = TinyLFUPolicy(capacity: self.capacity)
     }
 
-    var count: Int { table.count }
+    @inlinable var count: Int { table.count }
 
     /// The bytes this shard's buffers hold (by their capacity): what memory follows, for tests that
     /// an empty shard costs the same whatever its capacity, and that it grows with its entries.
-    var bufferBytes: Int {
+    @inlinable var bufferBytes: Int {
         table.bufferBytes + policy.bufferBytes + idle.bufferBytes + bytes(of: lastAccess) + bytes(of: users)
             + bytes(of: metadata) + bytes(of: weights)
     }
 
     /// The slot of `key`.
-    func slot(of key: Key) -> Int32? { table.slot(of: key) }
+    @inlinable func slot(of key: Key) -> Int32? { table.slot(of: key) }
 
     // MARK: Entries
 
     /// The entry at `slot`.
-    func entry(at slot: Int) -> Entry {
+    @inlinable func entry(at slot: Int) -> Entry {
         let position = table.at(slot)
         if let store = table.records[position].store { return .live(store) }
         return .compact(compactData(at: position))
     }
 
     /// The latest value of the entry at `slot`.
-    func value(at slot: Int) -> Value? {
+    @inlinable func value(at slot: Int) -> Value? {
         let record = table.records[table.at(slot)]
         return record.store.map { $0.cell.value } ?? record.value
     }
 
     /// Whether the entry at `slot` is in use: never evicted nor dropped as idle then.
-    func isBusy(_ slot: Int) -> Bool {
+    @inlinable func isBusy(_ slot: Int) -> Bool {
         users[slot] > 0 || table.records[table.at(slot)].store?.isBusy == true
     }
 
     /// Makes the entry at `slot` live with `store`.
-    private mutating func makeLive(_ slot: Int, _ store: Store) {
+    @inlinable mutating func makeLive(_ slot: Int, _ store: Store) {
         let position = table.at(slot)
         table.records[position].store = store
         table.records[position].value = nil
@@ -157,7 +162,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// Makes the entry at `slot` compact with `data`, which is at rest: packs it.
-    private mutating func makeCompact(_ slot: Int, _ data: Data) {
+    @inlinable mutating func makeCompact(_ slot: Int, _ data: Data) {
         let position = table.at(slot)
         table.records[position].store = nil
         table.records[position].value = data.value
@@ -170,7 +175,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// `key`'s store, for a caller that will use it until ``unpin(_:)``: made with `make` for a new
     /// key, restored with `restore` from a compact entry's data. The access at `now` makes the entry
     /// the most recently used. Returns whether the key's entry is new.
-    mutating func pin(
+    @inlinable mutating func pin(
         _ key: Key, at now: Duration, make: () -> Store, restore: (Data) -> Store
     ) -> (store: Store, inserted: Bool) {
         let hash = key.hashValue
@@ -192,7 +197,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     /// A caller is done with `key`'s store: the entry becomes compact if its store says it may rest
     /// (``AsyncStateStore/restingData(users:)``).
-    mutating func unpin(_ key: Key) {
+    @inlinable mutating func unpin(_ key: Key) {
         guard let slot = table.slot(of: key) else { return }  // removed meanwhile
         let i = Int(slot)
         users[i] -= 1
@@ -204,14 +209,14 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// Weighs the entry at `slot` again (its value may have changed). Without a weigher, nothing.
-    private mutating func weigh(_ slot: Int) {
+    @inlinable mutating func weigh(_ slot: Int) {
         guard let weigher else { return }
         let weight = value(at: slot).map { max(0, weigher(table.key(at: slot), $0)) } ?? 0
         setWeight(weight, of: slot)
     }
 
     /// Sets the weight of the entry at `slot`, in this shard's total and the family's ledger.
-    private mutating func setWeight(_ weight: Int, of slot: Int) {
+    @inlinable mutating func setWeight(_ weight: Int, of slot: Int) {
         guard weigher != nil else { return }
         let change = Int128(weight) - Int128(weights[slot])
         guard change != 0 else { return }
@@ -224,7 +229,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// whether it made the entry, and the value it replaced. Otherwise returns `done == false` and
     /// changes nothing (the caller sets through the store). The write is the data's own
     /// (``StateData/set(_:isEmpty:now:date:)``, as a store's; see ``settle(_:_:)``).
-    mutating func setIfCompact(_ value: Value, for key: Key, at now: Duration, date: Date) -> (
+    @inlinable mutating func setIfCompact(_ value: Value, for key: Key, at now: Duration, date: Date) -> (
         done: Bool, inserted: Bool, replaced: Value?
     ) {
         let hash = key.hashValue
@@ -250,7 +255,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// Marks `key`'s compact data expired (``StateData/invalidate(now:expiry:)``, as a store's), and
     /// returns `.compact`; returns a live entry's store instead (for the caller to invalidate); `nil`
     /// without an entry.
-    mutating func invalidateIfCompact(_ key: Key, at now: Duration) -> Entry? {
+    @inlinable mutating func invalidateIfCompact(_ key: Key, at now: Duration) -> Entry? {
         guard let slot = table.slot(of: key) else { return nil }
         if let store = table.records[table.at(Int(slot))].store { return .live(store) }
         let expiry = configuration.expiry
@@ -264,7 +269,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// added to `live`, for the caller to invalidate. By slot, which does not move while an entry
     /// lives (its record may), so no entry is missed across calls. Returns the next slot, or `nil`
     /// when done.
-    mutating func invalidate(
+    @inlinable mutating func invalidate(
         fromSlot start: Int, budget: Int, at now: Duration, where isIncluded: (Key) throws -> Bool,
         compact: inout [Key], live: inout [Store]
     ) rethrows -> Int? {
@@ -286,32 +291,38 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// Applies `change` to the data of the compact entry at `slot` and packs the result: a compact
     /// entry changes by the data's own methods, as a store's machine does. The change must leave the
     /// data at rest (a write, an invalidation).
-    private mutating func settle(_ slot: Int, _ change: (inout Data) -> Void) {
+    @inlinable mutating func settle(_ slot: Int, _ change: (inout Data) -> Void) {
         var data = compactData(at: table.at(slot))
         change(&data)
         makeCompact(slot, data)
     }
 
     /// The entry of `key`, if any (no access is recorded).
-    func peek(_ key: Key) -> Entry? {
+    @inlinable func peek(_ key: Key) -> Entry? {
         table.slot(of: key).map { entry(at: Int($0)) }
     }
 
     // MARK: Removing entries
 
     /// An entry as it leaves (or as it is listed): its key and entry.
-    struct Leaving {
-        var key: Key
-        var entry: Entry
+    @usableFromInline struct Leaving {
+        @usableFromInline var key: Key
+        @usableFromInline var entry: Entry
+
+        @inlinable
+        init(key: Key, entry: Entry) {
+            (self.key, self.entry) = (key, entry)
+        }
+
         /// Its latest value.
-        var value: Value? {
+        @inlinable var value: Value? {
             switch entry {
             case .compact(let data): return data.value
             case .live(let store): return store.cell.value
             }
         }
         /// What a warm restart saves of it (see ``StateData/archived``).
-        var archived: (value: Value?, isEmpty: Bool, lastSuccess: Date?)? {
+        @inlinable var archived: (value: Value?, isEmpty: Bool, lastSuccess: Date?)? {
             switch entry {
             case .compact(let data): return data.archived
             case .live(let store): return store.archived
@@ -322,7 +333,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// Evicts one entry that is not busy, as the policy chooses, into `removed`; returns whether
     /// there was one. Busy entries (in use, or with a flight in flight) are skipped, and so is
     /// `sparing` (an entry just made or written, whose caller expects to find it).
-    mutating func evictOne(sparing: Key? = nil, into removed: inout [Removed]) -> Bool {
+    @inlinable mutating func evictOne(sparing: Key? = nil, into removed: inout [Removed]) -> Bool {
         policy.applyReads()
         let chosen = policy.victim(
             where: { table.key(at: Int($0)) != sparing && !isBusy(Int($0)) }, hash: { table.hash(at: Int($0)) })
@@ -335,7 +346,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     /// Evicts `key`'s entry if it is not busy and, given `maximum`, if it alone weighs more than
     /// that (the family could never hold it); returns whether it did. A busy one stays.
-    mutating func evict(_ key: Key, ifHeavierThan maximum: Int? = nil, into removed: inout [Removed]) -> Bool {
+    @inlinable mutating func evict(_ key: Key, ifHeavierThan maximum: Int? = nil, into removed: inout [Removed]) -> Bool
+    {
         guard let slot = table.slot(of: key), !isBusy(Int(slot)) else { return false }
         if let maximum, weigher == nil || weights[Int(slot)] <= maximum { return false }  // nothing weighed: no weight
         removed.append(Removed(key: key, value: value(at: Int(slot)), reason: .evicted))
@@ -349,7 +361,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// due yet, so that the sweeper wakes once for many of them rather than once for each. Looks at
     /// no more than `budget` entries, so that the caller can release the lock between calls.
     /// Returns how many it removed and whether it is done. Needs `tracksIdle`.
-    mutating func removeIdle(
+    @inlinable mutating func removeIdle(
         accessedBy deadline: Duration, placingUntil ahead: Duration, now: Duration, budget: Int,
         into removed: inout [Removed]
     ) -> (removed: Int, done: Bool) {
@@ -377,10 +389,10 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     /// A lower bound of the oldest last access in the shard (the idle heap's root), or `nil` when the
     /// shard is empty or does not track idle entries. The sweep is due when it becomes idle.
-    var oldestAccess: Duration? { idle.root?.since }
+    @inlinable var oldestAccess: Duration? { idle.root?.since }
 
     /// Removes `key`'s entry; returns it.
-    mutating func remove(_ key: Key) -> Leaving? {
+    @inlinable mutating func remove(_ key: Key) -> Leaving? {
         guard let slot = table.slot(of: key) else { return nil }
         let leaving = Leaving(key: key, entry: entry(at: Int(slot)))
         remove(slot)
@@ -388,7 +400,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// Removes every entry; returns them.
-    mutating func removeAll() -> [Leaving] {
+    @inlinable mutating func removeAll() -> [Leaving] {
         let all = entries
         ledger?.add(-totalWeight)
         self = FamilyShard(
@@ -397,7 +409,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// Every entry, in no particular order.
-    var entries: [Leaving] {
+    @inlinable var entries: [Leaving] {
         table.records.compactMap { record in
             record.key.map { Leaving(key: $0, entry: entry(at: Int(record.slot))) }
         }
@@ -407,7 +419,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     /// A new entry of `key` (whose hash is `hash`), used at `now`, as the most recently used; returns
     /// its slot (its contents are set by the caller).
-    mutating func insert(_ key: Key, hash: Int, at now: Duration) -> Int32 {
+    @inlinable mutating func insert(_ key: Key, hash: Int, at now: Duration) -> Int32 {
         let slot = table.insert(key, hash: hash)
         let i = Int(slot)
         if i == users.count {
@@ -427,7 +439,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// Removes the entry at `slot` from the policy, the idle heap and the table; its weight goes.
-    mutating func remove(_ slot: Int32) {
+    @inlinable mutating func remove(_ slot: Int32) {
         policy.remove(slot)
         let i = Int(slot)
         if tracksIdle { idle.remove(slot) }
@@ -438,7 +450,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     /// A use of the entry at `slot` at `now` other than a hit (a pin, a `set`): recorded, and the
     /// policy applies it at once.
-    mutating func touch(_ slot: Int32, at now: Duration) {
+    @inlinable mutating func touch(_ slot: Int32, at now: Duration) {
         recordAccess(slot, at: now)
         policy.touch(slot, hash: table.hash(at: Int(slot)))
     }

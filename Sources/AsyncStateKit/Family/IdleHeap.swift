@@ -6,23 +6,23 @@
 /// entry — never later than the first one, maybe earlier — and the sweep removes the entries idle by
 /// their true last access and places the others by it (``raiseRoot(to:)``). Each entry is so looked
 /// at about once per idle expiry, however often it is hit.
-struct IdleHeap {
+@usableFromInline struct IdleHeap {
     /// An entry in the heap: its slot, and a lower bound of its last access.
-    struct Node {
-        var since: Duration
-        var slot: Int32
+    @usableFromInline struct Node {
+        @usableFromInline var since: Duration
+        @usableFromInline var slot: Int32
     }
 
     /// The heap.
-    private(set) var heap: [Node] = []
+    @usableFromInline var heap: [Node] = []
     /// Each slot's position in ``heap`` (-1 when it is not in it).
-    private var positions: [Int32] = []
+    @usableFromInline var positions: [Int32] = []
 
     /// The entry with the least lower bound, if any.
-    var root: Node? { heap.first }
+    @usableFromInline var root: Node? { heap.first }
 
     /// Adds the entry at `slot`, as last accessed at `since`.
-    mutating func push(_ slot: Int32, since: Duration) {
+    @usableFromInline mutating func push(_ slot: Int32, since: Duration) {
         while positions.count <= Int(slot) { positions.append(-1) }
         heap.append(Node(since: since, slot: slot))
         positions[Int(slot)] = Int32(heap.count - 1)
@@ -30,7 +30,7 @@ struct IdleHeap {
     }
 
     /// Takes the entry at `slot` out of the heap.
-    mutating func remove(_ slot: Int32) {
+    @usableFromInline mutating func remove(_ slot: Int32) {
         let position = Int(positions[Int(slot)])
         let last = heap.count - 1
         positions[Int(slot)] = -1
@@ -44,14 +44,14 @@ struct IdleHeap {
     }
 
     /// Places the root by `since`, a later instant than its own.
-    mutating func raiseRoot(to since: Duration) {
+    @usableFromInline mutating func raiseRoot(to since: Duration) {
         heap[0].since = since
         siftDown(0)
     }
 
     /// Moves the node at `position` up while it is older than its parent; returns where it ends.
     @discardableResult
-    private mutating func siftUp(_ position: Int) -> Int {
+    @usableFromInline mutating func siftUp(_ position: Int) -> Int {
         var position = position
         while position > 0 {
             let parent = (position - 1) / 2
@@ -63,7 +63,7 @@ struct IdleHeap {
     }
 
     /// Moves the node at `position` down while a child is older.
-    private mutating func siftDown(_ position: Int) {
+    @usableFromInline mutating func siftDown(_ position: Int) {
         var position = position
         while true {
             let (left, right) = (2 * position + 1, 2 * position + 2)
@@ -76,12 +76,12 @@ struct IdleHeap {
         }
     }
 
-    private mutating func swapNodes(_ a: Int, _ b: Int) {
+    @usableFromInline mutating func swapNodes(_ a: Int, _ b: Int) {
         heap.swapAt(a, b)
         positions[Int(heap[a].slot)] = Int32(a)
         positions[Int(heap[b].slot)] = Int32(b)
     }
 
     /// The bytes the heap's buffers hold (by their capacity).
-    var bufferBytes: Int { bytes(of: heap) + bytes(of: positions) }
+    @usableFromInline var bufferBytes: Int { bytes(of: heap) + bytes(of: positions) }
 }

@@ -26,17 +26,17 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
         /// A compact entry's value (`nil` for a live entry, whose store has it).
         @usableFromInline var value: Value?
 
-        @usableFromInline
+        @inlinable
         init(key: Key?, slot: Int32) {
             self.key = key
             self.slot = slot
         }
 
         /// A free position.
-        @usableFromInline static var free: Record { Record(key: nil, slot: -1) }
+        @inlinable static var free: Record { Record(key: nil, slot: -1) }
 
         /// ``freshSince`` when the data is not fresh: earlier than any instant a clock gives.
-        @usableFromInline static var notFresh: Duration { .seconds(Int64.min) }
+        @inlinable static var notFresh: Duration { .seconds(Int64.min) }
 
         /// When a compact entry's data became fresh: `nil` if it is not (never fetched, invalidated,
         /// failed) or the entry is live.
@@ -59,21 +59,26 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
     struct Slot {
         @usableFromInline var hash: Int
         @usableFromInline var position: Int32
+
+        @inlinable
+        init(hash: Int, position: Int32) {
+            (self.hash, self.position) = (hash, position)
+        }
     }
 
     /// Each slot, by slot.
     @usableFromInline var slots: [Slot] = []
     /// Slots of removed entries, to be used again.
-    var freeSlots: [Int32] = []
+    @usableFromInline var freeSlots: [Int32] = []
 
     /// The number of entries.
-    var count: Int { index.count }
+    @inlinable var count: Int { index.count }
 
     /// The number of slots, used or free: the length of every array by slot.
-    var slotCount: Int { slots.count }
+    @inlinable var slotCount: Int { slots.count }
 
     /// How many positions from its home a lookup tries before it asks the index.
-    @usableFromInline static var nearby: Int { 4 }
+    @inlinable static var nearby: Int { 4 }
 
     /// The position of `key`'s record, whose hash is `hash`. The records are kept as linear probing
     /// keeps keys: each is put at the first free position from its key's home, and moved back when a
@@ -106,7 +111,7 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// The slot of `key`.
-    func slot(of key: Key) -> Int32? { slot(of: key, hash: key.hashValue) }
+    @inlinable func slot(of key: Key) -> Int32? { slot(of: key, hash: key.hashValue) }
 
     /// The home of a key whose hash is `hash` in `records` (`mask + 1` positions): where a lookup
     /// starts, where a new record is placed from, and what a removal's move back keeps each record
@@ -119,17 +124,17 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
     func at(_ slot: Int) -> Int { Int(slots[slot].position) }
 
     /// The hash of the key of the entry at `slot`.
-    func hash(at slot: Int) -> Int { slots[slot].hash }
+    @inlinable func hash(at slot: Int) -> Int { slots[slot].hash }
 
     /// Whether `slot` holds an entry (it is not free).
-    func holdsEntry(_ slot: Int) -> Bool { slots[slot].position >= 0 }
+    @inlinable func holdsEntry(_ slot: Int) -> Bool { slots[slot].position >= 0 }
 
     /// The key of the entry at `slot`.
-    func key(at slot: Int) -> Key { records[at(slot)].key! }
+    @inlinable func key(at slot: Int) -> Key { records[at(slot)].key! }
 
     /// Adds a record for `key`, whose hash is `hash` and which has none; returns its slot (a free one,
     /// or a new one: then ``slotCount`` grew by one, and so must every array by slot).
-    mutating func insert(_ key: Key, hash: Int) -> Int32 {
+    @inlinable mutating func insert(_ key: Key, hash: Int) -> Int32 {
         let slot: Int32
         if let free = freeSlots.popLast() {
             slot = free
@@ -147,7 +152,7 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// Removes the record of the entry at `slot`; the slot is free to be used again.
-    mutating func remove(_ slot: Int32) {
+    @inlinable mutating func remove(_ slot: Int32) {
         let i = Int(slot)
         let position = at(i)
         index.remove(slots[i].hash, position: Int32(position))
@@ -157,7 +162,7 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// The first free position from the home of a key whose hash is `hash`.
-    private func freePosition(from hash: Int) -> Int {
+    @inlinable func freePosition(from hash: Int) -> Int {
         let mask = records.count - 1
         var position = home(of: hash, mask: mask)
         while records[position].key != nil { position = (position + 1) & mask }
@@ -169,7 +174,7 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
     /// with its buckets: no free position is left between a record and its home, and records stay
     /// as near their homes as if the removed one had never been placed. (Only freed, positions
     /// would drift away from their homes as entries come and go.)
-    private mutating func vacate(_ position: Int) {
+    @inlinable mutating func vacate(_ position: Int) {
         let mask = records.count - 1
         records[position] = .free
         var hole = position
@@ -195,7 +200,7 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
     /// that has only grown uses between three eighths and three quarters of them (it never shrinks).
     /// Kept at most half used, the records would be nearer their homes, but just after a doubling
     /// they would take twice the memory they need (see Benchmarks/README.md, "Memory").
-    private mutating func growRecords() {
+    @inlinable mutating func growRecords() {
         let old = records
         records = Array(repeating: .free, count: old.count * 2)
         index = SlotIndex(bucketCount: records.count)
@@ -209,10 +214,10 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// The bytes the table's buffers hold (by their capacity).
-    var bufferBytes: Int {
+    @inlinable var bufferBytes: Int {
         bytes(of: records) + bytes(of: index.buckets) + bytes(of: slots) + bytes(of: freeSlots)
     }
 }
 
 /// The bytes `array`'s buffer holds (by its capacity): what the families' memory tests add up.
-func bytes<Element>(of array: [Element]) -> Int { array.capacity * MemoryLayout<Element>.stride }
+@usableFromInline func bytes<Element>(of array: [Element]) -> Int { array.capacity * MemoryLayout<Element>.stride }

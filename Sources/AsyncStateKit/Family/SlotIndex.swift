@@ -14,13 +14,13 @@ struct SlotIndex {
     @usableFromInline var buckets: [UInt64]
     @usableFromInline var mask: Int
     /// The number of keys.
-    private(set) var count = 0
+    @usableFromInline var count = 0
 
     /// The number of buckets of a new index.
     @usableFromInline static var initialCount: Int { 1 }
 
     /// An empty index of `bucketCount` buckets, a power of two.
-    init(bucketCount: Int = initialCount) {
+    @usableFromInline init(bucketCount: Int = initialCount) {
         precondition(bucketCount > 0 && bucketCount & (bucketCount - 1) == 0, "a power of two")
         buckets = Array(repeating: 0, count: bucketCount)
         mask = bucketCount - 1
@@ -59,14 +59,14 @@ struct SlotIndex {
     }
 
     /// Adds `position` for a key with `hash` that has none.
-    mutating func insert(_ hash: Int, position: Int32) {
+    @usableFromInline mutating func insert(_ hash: Int, position: Int32) {
         if (count + 1) * 2 > buckets.count { grow() }
         place(Self.entry(hash, position))
         count += 1
     }
 
     /// Removes `position`, the position of a key with `hash`. Nothing if it is not in the index.
-    mutating func remove(_ hash: Int, position: Int32) {
+    @usableFromInline mutating func remove(_ hash: Int, position: Int32) {
         guard var hole = bucket(holding: Self.entry(hash, position)) else { return }
         count -= 1
         // Shift back each following entry of the run that may move into the hole (its home is not
@@ -87,7 +87,7 @@ struct SlotIndex {
 
     /// Changes the position of the key with `hash` from `old` to `new` (its record moved). Nothing
     /// if `old` is not in the index.
-    mutating func move(_ hash: Int, from old: Int32, to new: Int32) {
+    @usableFromInline mutating func move(_ hash: Int, from old: Int32, to new: Int32) {
         guard let bucket = bucket(holding: Self.entry(hash, old)) else {
             assertionFailure("the position of a record that moved was not in the index")
             return
@@ -96,19 +96,19 @@ struct SlotIndex {
     }
 
     /// How far from its home bucket `position`, a key's with `hash`, is (for tests); `nil` if absent.
-    func distance(of hash: Int, position: Int32) -> Int? {
+    @usableFromInline func distance(of hash: Int, position: Int32) -> Int? {
         let entry = Self.entry(hash, position)
         return bucket(holding: entry).map { ($0 - home(entry >> 32)) & mask }
     }
 
     /// The bucket of a key with `hash` at `position`: the half of the hash, then the position plus
     /// one (never 0, an empty bucket).
-    private static func entry(_ hash: Int, _ position: Int32) -> UInt64 {
+    @usableFromInline static func entry(_ hash: Int, _ position: Int32) -> UInt64 {
         tag(hash) << 32 | UInt64(UInt32(bitPattern: position &+ 1))
     }
 
     /// The bucket that holds `entry`, or `nil`.
-    private func bucket(holding entry: UInt64) -> Int? {
+    @usableFromInline func bucket(holding entry: UInt64) -> Int? {
         var bucket = home(entry >> 32)
         while buckets[bucket] != entry {
             if buckets[bucket] == 0 { return nil }
@@ -118,14 +118,14 @@ struct SlotIndex {
     }
 
     /// Puts `entry` in the first empty bucket from its home.
-    private mutating func place(_ entry: UInt64) {
+    @usableFromInline mutating func place(_ entry: UInt64) {
         var bucket = home(entry >> 32)
         while buckets[bucket] != 0 { bucket = (bucket + 1) & mask }
         buckets[bucket] = entry
     }
 
     /// Doubles the table.
-    private mutating func grow() {
+    @usableFromInline mutating func grow() {
         let old = buckets
         buckets = Array(repeating: 0, count: old.count * 2)
         mask = buckets.count - 1

@@ -56,9 +56,9 @@ struct TinyLFUPolicy {
     @usableFromInline var windowLimit: Int
     @usableFromInline var protectedLimit: Int
     /// The capacity the lists share.
-    let capacity: Int
+    @usableFromInline let capacity: Int
     /// The keys evicted lately, which size the window; made at the first eviction.
-    var history: EvictionHistory?
+    @usableFromInline var history: EvictionHistory?
     @usableFromInline var sketch: FrequencySketch
     /// The hits noted since the policy last applied them (the first `pendingReads` slots, and their
     /// keys' hashes), and every hit since then, noted or not. Allocated with the first entry.
@@ -71,7 +71,7 @@ struct TinyLFUPolicy {
     @usableFromInline static var readBatch: Int { 1_024 }
 
     /// A policy for at most `capacity` entries.
-    init(capacity: Int) {
+    @usableFromInline init(capacity: Int) {
         self.capacity = capacity
         windowLimit = max(1, capacity / 100)
         protectedLimit = Self.protectedLimit(capacity: capacity, window: windowLimit)
@@ -83,11 +83,11 @@ struct TinyLFUPolicy {
     static func node(_ slot: Int32) -> Int { Int(slot) &+ 3 }
 
     /// The slot of the entry at node `node`.
-    static func slot(_ node: Int32) -> Int32 { node - 3 }
+    @usableFromInline static func slot(_ node: Int32) -> Int32 { node - 3 }
 
     /// Makes what only a policy with entries needs: the sentinels and the read buffer. Called with
     /// the first entry, so that an empty shard's memory does not depend on its capacity.
-    private mutating func prepare() {
+    @usableFromInline mutating func prepare() {
         for segment in [Segment.window, .probation, .protected] {
             var sentinel = Node()
             (sentinel.newer, sentinel.older, sentinel.segment) = (
@@ -104,7 +104,7 @@ struct TinyLFUPolicy {
     /// if the window is full.
     /// If the key was evicted lately, the window first moves one entry towards the list that would
     /// have kept it (see ``EvictionHistory``).
-    mutating func admit(_ slot: Int32, hash: Int, entries: Int) {
+    @usableFromInline mutating func admit(_ slot: Int32, hash: Int, entries: Int) {
         applyReads()
         if let refused = history?.takeBack(hash) { resizeWindow(by: refused ? 1 : -1) }
         if nodes.isEmpty { prepare() }
@@ -147,14 +147,14 @@ struct TinyLFUPolicy {
 
     /// A use of the entry at `slot` other than a hit (a pin, a write): the hits noted before it are
     /// applied, then it is, at once.
-    mutating func touch(_ slot: Int32, hash: Int) {
+    @usableFromInline mutating func touch(_ slot: Int32, hash: Int) {
         applyReads()
         sketch.increment(hash)
         move(Self.node(slot))
     }
 
     /// The entry at `slot` leaves.
-    mutating func remove(_ slot: Int32) {
+    @usableFromInline mutating func remove(_ slot: Int32) {
         applyReads()
         unlink(Self.node(slot))
     }
@@ -165,7 +165,7 @@ struct TinyLFUPolicy {
     /// probation that may go, the least recently used of protected, then of the window. `nil` when
     /// none may go. `refused` says whether it is a candidate refused at admission. Apply the reads
     /// first; call ``evicted(_:refused:entries:)`` as it goes.
-    func victim(where mayGo: (Int32) -> Bool, hash: (Int32) -> Int) -> (slot: Int32, refused: Bool)? {
+    @usableFromInline func victim(where mayGo: (Int32) -> Bool, hash: (Int32) -> Int) -> (slot: Int32, refused: Bool)? {
         guard !nodes.isEmpty else { return nil }
         func first(in segment: Segment, fromOldest: Bool, where include: (Int32) -> Bool) -> Int32? {
             let sentinel = Int32(segment.sentinel)
@@ -189,7 +189,7 @@ struct TinyLFUPolicy {
 
     /// The key with `hash` is evicted (``victim(where:hash:)`` chose it, `refused` as it said), from a
     /// shard of `entries` entries: remembered, to size the window.
-    mutating func evicted(_ hash: Int, refused: Bool, entries: Int) {
+    @usableFromInline mutating func evicted(_ hash: Int, refused: Bool, entries: Int) {
         let limit = EvictionHistory.limit(forEntries: entries)
         // Made at the first eviction; remade (forgetting) if the shard has grown far past the size it
         // was made for, as one bounded only by weight may.
@@ -200,7 +200,7 @@ struct TinyLFUPolicy {
     // MARK: The adaptive window
 
     /// The most entries protected holds beside a window of `window` (80 % of the rest).
-    static func protectedLimit(capacity: Int, window: Int) -> Int {
+    @usableFromInline static func protectedLimit(capacity: Int, window: Int) -> Int {
         // In Int128: 8 × a capacity near `Int.max` would overflow.
         Int(Int128(capacity - window) * 8 / 10)
     }
@@ -209,7 +209,7 @@ struct TinyLFUPolicy {
     /// A smaller window's least recently used entries go to probation (the newest there); a larger
     /// window takes main's least recently used entries (probation's, then protected's), so that it
     /// is full at once. Protected, whose limit follows, demotes its own to probation.
-    mutating func resizeWindow(by change: Int) {
+    @usableFromInline mutating func resizeWindow(by change: Int) {
         let limit = min(max(1, windowLimit + change), max(1, capacity - 1))
         guard limit != windowLimit, !nodes.isEmpty else { return }
         windowLimit = limit
@@ -253,7 +253,9 @@ struct TinyLFUPolicy {
     }
 
     /// Whether list `segment` holds no entry.
-    func isEmpty(_ segment: Segment) -> Bool { nodes[segment.sentinel].newer == Int32(segment.sentinel) }
+    @usableFromInline func isEmpty(_ segment: Segment) -> Bool {
+        nodes[segment.sentinel].newer == Int32(segment.sentinel)
+    }
 
     /// Puts the entry at `node` at the most recent end of list `segment`.
     @inlinable
@@ -288,7 +290,7 @@ struct TinyLFUPolicy {
     }
 
     /// The bytes the policy's buffers hold (by their capacity).
-    var bufferBytes: Int {
+    @usableFromInline var bufferBytes: Int {
         bytes(of: nodes) + bytes(of: sketch.words) + bytes(of: reads) + bytes(of: readHashes)
             + (history?.bufferBytes ?? 0)
     }

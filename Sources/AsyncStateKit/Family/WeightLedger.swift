@@ -7,23 +7,23 @@
 ///
 /// The total is an `Int128`: each entry weighs at most `Int.max`, and no number of entries can make
 /// the sum overflow (2^63 entries of 2^63 each stay below 2^127), so no weigher output traps.
-final class WeightLedger: Sendable {
+@usableFromInline final class WeightLedger: Sendable {
     /// The most the entries may weigh together (never negative).
-    let maximum: Int
-    private let total = LockedValue<Int128>(0)
+    @usableFromInline let maximum: Int
+    @usableFromInline let total = LockedValue<Int128>(0)
 
-    init(maximum: Int) {
+    @usableFromInline init(maximum: Int) {
         self.maximum = max(0, maximum)
     }
 
     /// Adds `change` (negative for less weight) to the total.
-    func add(_ change: Int128) {
+    @usableFromInline func add(_ change: Int128) {
         total.withLock { $0 += change }
     }
 
     /// Whether the entries weigh more than ``maximum``.
-    var isOver: Bool { total.withLock { $0 > Int128(maximum) } }
+    @usableFromInline var isOver: Bool { total.withLock { $0 > Int128(maximum) } }
 
     /// The total, at most `Int.max`.
-    var weight: Int { total.withLock { Int(clamping: $0) } }
+    @usableFromInline var weight: Int { total.withLock { Int(clamping: $0) } }
 }

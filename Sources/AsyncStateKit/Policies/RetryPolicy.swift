@@ -185,6 +185,7 @@ public struct RetryPolicy: Sendable {
     }
 
     /// The delay before retry number `retry`, with jitter drawn from `generator`.
+    @usableFromInline
     func delay(beforeRetry retry: Int, using generator: inout some RandomNumberGenerator) -> Duration {
         let delay = backoff.delay(beforeRetry: retry)
         let nanoseconds = delay.wholeNanoseconds

@@ -1,15 +1,15 @@
 /// A small, fast, seedable random number generator (SplitMix64): the same seed gives the same
 /// sequence on every run and platform, so randomized schedules and tests replay exactly.
-package struct SplitMix64: RandomNumberGenerator, Sendable {
-    private var state: UInt64
+@usableFromInline package struct SplitMix64: RandomNumberGenerator, Sendable {
+    @usableFromInline var state: UInt64
 
     /// Creates a generator whose sequence is fixed by `seed`.
-    package init(seed: UInt64) {
+    @usableFromInline package init(seed: UInt64) {
         state = seed
     }
 
     /// The next 64 random bits.
-    package mutating func next() -> UInt64 {
+    @usableFromInline package mutating func next() -> UInt64 {
         state &+= 0x9E37_79B9_7F4A_7C15
         var z = state
         z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9

@@ -9,11 +9,19 @@ enum OperationContext {
     /// One running attempt: which store, which attempt.
     @usableFromInline
     struct Entry: Sendable {
-        var store: ObjectIdentifier
-        var attempt: UInt64
+        @usableFromInline var store: ObjectIdentifier
+        @usableFromInline var attempt: UInt64
+
+        @inlinable
+        init(store: ObjectIdentifier, attempt: UInt64) {
+            (self.store, self.attempt) = (store, attempt)
+        }
     }
 
     @TaskLocal static var running: [Entry] = []
+
+    /// ``running``'s task-local (its projection), for inlinable code.
+    @usableFromInline static var runningLocal: TaskLocal<[Entry]> { $running }
 }
 
 /// How an ``AsyncStateStore``'s callers wait, and the tasks it runs: the attempts' operations and the
@@ -49,17 +57,37 @@ extension AsyncStateStore {
     }
 
     /// The number of waiters whose slots are still in the table (for tests).
-    var waiterCount: Int { core.withLock { $0.waiterSlots.count } }
+    @inlinable var waiterCount: Int { core.withLock { $0.waiterSlots.count } }
 
-    /// The attempt's task: runs the operation, marked as this attempt for the reentrancy check, and
-    /// reports how it ended — always, whatever it threw, so the machine sees every end.
-    func launch(_ attempt: Machine.Attempt) -> Task<Void, Never> {
-        let marked = OperationContext.running + [.init(store: ObjectIdentifier(self), attempt: attempt.id)]
+    /// Starts the task of an attempt without a timeout, after the event that started the attempt has
+    /// released the lock (the operation is the user's code), and gives the task to the attempt's
+    /// flight — or cancels it, if the attempt is no longer running by then (its flight ended
+    /// meanwhile, when every waiter left; or the task has already run to its end, and cancelling it
+    /// does nothing).
+    ///
+    /// The task starts immediately (`Task.immediate`): the operation runs on the caller's thread until
+    /// it first suspends, so that a caller that starts a flight hands nothing to another thread to
+    /// begin it, and an operation that answers without suspending (a value at hand, a local cache)
+    /// settles the flight before its caller waits. It is still a task of its own: the caller's
+    /// cancellation does not reach it, and once it suspends a cancelled caller leaves at once, as a
+    /// joiner does. (An attempt with a timeout starts on a thread of its own instead: see
+    /// ``start(_:at:in:_:)``.)
+    @inlinable
+    func launchAndAttach(_ attempt: Machine.Attempt) {
+        let task = Task.immediate(executorPreference: clock.executor, operation: run(attempt))
+        let attached = core.withLock { $0.machine.attach(task: task, toAttempt: attempt.id) }
+        if !attached { task.cancel() }
+    }
+
+    /// The body of an attempt's task: runs the operation, marked as this attempt for the reentrancy
+    /// check, and reports how it ended — always, whatever it threw, so the machine sees every end.
+    @inlinable func run(_ attempt: Machine.Attempt) -> @Sendable () async -> Void {
+        let marked = OperationContext.runningLocal.get() + [.init(store: ObjectIdentifier(self), attempt: attempt.id)]
         let (operation, flight, id) = (attempt.operation, attempt.flight, attempt.id)
-        return Task(executorPreference: clock.executor) { [self] in
+        return { [self] in
             let outcome: Machine.Outcome
             do {
-                outcome = .success(try await OperationContext.$running.withValue(marked) { try await operation() })
+                outcome = .success(try await OperationContext.runningLocal.withValue(marked) { try await operation() })
             } catch is CancellationError {
                 outcome = .cancelled
             } catch {
@@ -71,7 +99,7 @@ extension AsyncStateStore {
 
     /// A timer: sleeps until `deadline` on the clock, then runs `fired` with the error the sleep threw,
     /// if any. A cancelled timer does nothing (whoever cancelled it has moved on).
-    func schedule(
+    @inlinable func schedule(
         at deadline: Duration, _ fired: @escaping @Sendable (AsyncStateStore<Value>, (any Error)?) -> Void
     ) -> Task<Void, Never> {
         Task(executorPreference: clock.executor) { [self, clock] in

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// The shell of an ``AsyncState``: it feeds events to a ``FetchStateMachine`` under its lock and
 /// performs the actions — starts and cancels the attempts' tasks, sleeps out backoffs and timeouts,
@@ -29,7 +29,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     @usableFromInline let clock: StoreClock
     /// The observer and what the state reports as; `nil` without an observer. Kept in ``events``
     /// only: a state without an observer pays one reference for the feature, not the observation.
-    var observation: Observation? { events?.observation }
+    @inlinable var observation: Observation? { events?.observation }
     /// Whether there is an observer: all the hit path reads without one.
     @usableFromInline let isObserved: Bool
     /// Delivers the observer's events in order (`nil` without an observer).
@@ -46,7 +46,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         /// after the flight has ended.
         @usableFromInline var waiterSlots: [UInt64: WaiterSlot] = [:]
 
-        @usableFromInline
+        @inlinable
         init(machine: Machine) {
             self.machine = machine
         }
@@ -77,6 +77,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         @usableFromInline var cancelledWaiter: UnsafeContinuation<WaiterOutcome, Never>?
         /// Events for the observer, in order (only with an observer).
         @usableFromInline var events: [AsyncStateEvent.Kind] = []
+        /// The attempt to launch once the lock is released (an event starts at most one).
+        @usableFromInline var launch: Machine.Attempt?
 
         @inlinable init() {}
 
@@ -119,7 +121,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     @usableFromInline let core: LockedValue<Core>
 
     /// Creates a store; `seed` seeds the jitter of its retries (random if `nil`).
-    convenience init(
+    @inlinable convenience init(
         initialValue: Value, configuration: StoreConfiguration<Value>, clock: StoreClock, seed: UInt64? = nil,
         observation: Observation? = nil
     ) {
@@ -131,7 +133,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// Creates a store whose data is `data`, at rest (see ``FetchStateMachine/restingData``).
-    convenience init(
+    @inlinable convenience init(
         restoring data: StateData<Value>, initialValue: Value, configuration: StoreConfiguration<Value>,
         clock: StoreClock, seed: UInt64, observation: Observation? = nil
     ) {
@@ -141,7 +143,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// Creates a store around `machine` (its cell starts at the machine's initial value).
-    private init(_ machine: Machine, clock: StoreClock, observation: Observation?) {
+    @inlinable init(_ machine: Machine, clock: StoreClock, observation: Observation?) {
         isObserved = observation != nil
         events = observation.map(EventQueue.init)
         self.clock = clock
@@ -155,7 +157,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// decides it. It may when no caller uses the entry (`users`, the family's count of callers
     /// between a pin and its unpin), nobody listens (no `updates` subscriber), and the machine may
     /// (``FetchStateMachine/restingData``: no flight, no abandoned operation, data at rest).
-    func restingData(users: Int32) -> StateData<Value>? {
+    @inlinable func restingData(users: Int32) -> StateData<Value>? {
         guard users == 0 else { return nil }
         return core.withLock { core in cell.subscriberCount == 0 ? core.machine.restingData : nil }
     }
@@ -168,6 +170,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             // The observer hears of a settle before its waiters resume.
             if !effects.events.isEmpty { events?.drain() }
             effects.perform()
+            if let attempt = effects.launch { launchAndAttach(attempt) }
         }
         return try core.withLock { core in
             defer { if !effects.events.isEmpty { events?.enqueue(effects.events) } }
@@ -194,15 +197,15 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// A hit, for the observer (called by ``hit(_:)``, outside any lock).
-    @usableFromInline
+    @inlinable
     func observeHit() {
         observation?.deliver(.hit)
     }
 
     /// The attempts of this store that the current task runs (for the machine's reentrancy check).
-    @usableFromInline var callerAttempts: [Machine.AttemptID] {
+    @inlinable var callerAttempts: [Machine.AttemptID] {
         let me = ObjectIdentifier(self)
-        return OperationContext.running.compactMap { $0.store == me ? $0.attempt : nil }
+        return OperationContext.runningLocal.get().compactMap { $0.store == me ? $0.attempt : nil }
     }
 
     // MARK: Events from callers
@@ -276,17 +279,17 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// What marks a task as running `attempt` of this store (see ``OperationContext``): a task that
     /// runs an attempt's work elsewhere (a batch) carries it, so that a call back into this store from
     /// that work is refused as reentrant instead of waiting for itself.
-    @usableFromInline
+    @inlinable
     func mark(_ attempt: Machine.AttemptID) -> OperationContext.Entry {
         OperationContext.Entry(store: ObjectIdentifier(self), attempt: attempt)
     }
 
     /// Whether a flight is in flight (and so may have waiters): a family never evicts such an entry.
-    var isBusy: Bool { core.withLock { $0.machine.isFlying } }
+    @inlinable var isBusy: Bool { core.withLock { $0.machine.isFlying } }
 
     /// Retries (see ``FetchStateMachine/retry(waiter:operation:now:callerAttempts:)``) and waits for the
     /// flight; returns at once when there is nothing to retry.
-    func retry(_ operation: Operation?) async throws {
+    @inlinable func retry(_ operation: Operation?) async throws {
         try Task.checkCancellation()
         let attempts = callerAttempts
         let waiter = withCore { core, effects -> Machine.WaiterID? in
@@ -304,7 +307,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         if let waiter { _ = try await wait(waiter) }
     }
 
-    func invalidate() {
+    @inlinable func invalidate() {
         withCore { core, effects in
             let now = clock.now()
             // Data already expired changes no snapshot, but its freshness must go for every reader
@@ -315,7 +318,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         }
     }
 
-    func cancel() {
+    @inlinable func cancel() {
         withCore { core, effects in
             let ended = core.machine.cancel()
             if case .none = ended { return }
@@ -324,7 +327,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         }
     }
 
-    func set(_ value: Value) {
+    @inlinable func set(_ value: Value) {
         withCore { core, effects in
             let now = clock.now()
             let ended = core.machine.set(value, now: now, date: clock.date())
@@ -334,7 +337,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// Restores saved data (see ``FetchStateMachine/restore(_:isEmpty:lastSuccess:now:date:)``).
-    func restore(_ value: Value, isEmpty: Bool, lastSuccess: Date?) -> Bool {
+    @inlinable func restore(_ value: Value, isEmpty: Bool, lastSuccess: Date?) -> Bool {
         withCore { core, _ in
             let now = clock.now()
             guard core.machine.restore(value, isEmpty: isEmpty, lastSuccess: lastSuccess, now: now, date: clock.date())
@@ -345,11 +348,11 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// What a warm restart saves (see ``StateData/archived``).
-    var archived: (value: Value, isEmpty: Bool, lastSuccess: Date?)? {
+    @inlinable var archived: (value: Value, isEmpty: Bool, lastSuccess: Date?)? {
         core.withLock { $0.machine.data.archived }
     }
 
-    func reset() {
+    @inlinable func reset() {
         withCore { core, effects in
             let (ended, changed) = core.machine.reset()
             guard changed else { return }
@@ -377,14 +380,14 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// The last waiter of a flight left (by cancellation): the flight ended.
-    @usableFromInline
+    @inlinable
     func flightLostItsWaiters(_ handles: Machine.Handles, in core: inout Core, _ effects: inout Effects) {
         ended(handles, in: &effects)
         publish(core.machine, at: clock.now())
     }
 
     /// An attempt's operation returned or threw.
-    func attemptFinished(
+    @inlinable func attemptFinished(
         _ flight: Machine.FlightID, _ attempt: Machine.AttemptID, _ outcome: Machine.Outcome
     ) {
         withCore { core, effects in
@@ -396,7 +399,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// An attempt's timeout fired: the attempt is abandoned (cancelled, its late result dropped).
-    func attemptTimedOut(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID) {
+    @inlinable func attemptTimedOut(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID) {
         withCore { core, effects in
             let now = clock.now()
             perform(core.machine.attemptTimedOut(flight, attempt: attempt, now: now), at: now, in: &core, &effects)
@@ -404,7 +407,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// A backoff ended, or its sleep threw `error`.
-    func backoffEnded(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID, error: (any Error)?) {
+    @inlinable func backoffEnded(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID, error: (any Error)?) {
         withCore { core, effects in
             let now = clock.now()
             perform(
@@ -415,7 +418,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
 
     // MARK: Performing actions (under the lock; effects after it)
 
-    private func perform(
+    @inlinable func perform(
         _ action: Machine.FlightAction, at now: Duration, in core: inout Core, _ effects: inout Effects
     ) {
         switch action {
@@ -447,7 +450,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
 
     /// Ends a flight that an event (`set`, `cancel`, `reset`) ended and resumes its waiters with
     /// `result`, after publishing (so that a resumed waiter sees the new snapshot).
-    private func end(
+    @inlinable func end(
         _ ended: Machine.EndedFlight, resumingWith result: Result<Value, any Error>, in core: inout Core,
         _ effects: inout Effects
     ) {
@@ -460,7 +463,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// last waiter): its outcome is `cancelled` — its result will never land — and its tasks are
     /// cancelled. With the settles in ``perform(_:at:in:_:)``, every end of a flight reports exactly
     /// one outcome after its `started`.
-    @usableFromInline
+    @inlinable
     func ended(_ handles: Machine.Handles, in effects: inout Effects) {
         record(.cancelled, in: &effects)
         effects.cancel(handles)
@@ -470,7 +473,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// one shared ``WaiterResult``, in arrival order (ids grow; see ``Effects/perform()``). Callers
     /// that are children of one task group then finish in the order they were added, which the
     /// runtime's group handles in O(1) each (in hash order, its child list makes them quadratic).
-    private func resume(
+    @inlinable func resume(
         _ ids: Set<Machine.WaiterID>, with result: Result<Value, any Error>, in core: inout Core,
         _ effects: inout Effects
     ) {
@@ -479,7 +482,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         effects.resumed = (WaiterSlot.take(ids, settlingWith: outcome, in: &core.waiterSlots), outcome)
     }
 
-    private func publish(_ machine: Machine, at now: Duration, notifying: Bool = true) {
+    @inlinable func publish(_ machine: Machine, at now: Duration, notifying: Bool = true) {
         cell.publish(
             machine.snapshot(at: now), freshSince: machine.data.freshSince, flightStart: machine.flightStart,
             notifying: notifying)
@@ -487,17 +490,26 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
 
     /// Starts `attempt`'s task and its timeout's timer, gives them to the flight, and publishes. The
     /// first attempt of a flight is reported as its start.
-    @usableFromInline
+    @inlinable
     func start(_ attempt: Machine.Attempt, at now: Duration, in core: inout Core, _ effects: inout Effects) {
         if let reason = attempt.starts { record(.started(reason), in: &effects) }
         let (flight, id) = (attempt.flight, attempt.id)
-        let task = launch(attempt)
-        let timer = attempt.timeoutAt.map { deadline in
+        if let deadline = attempt.timeoutAt {
+            // With a timeout the attempt starts on a thread of its own, as any task does (it is
+            // enqueued here and runs once a thread takes it, before its timer), so that the timeout
+            // bounds the wait even for an operation that blocks its thread and never suspends.
+            let task = Task(executorPreference: clock.executor, operation: run(attempt))
             // A timer whose sleep throws without being cancelled cannot keep its promise to end the
             // wait at the deadline, so it ends it now.
-            schedule(at: deadline) { store, _ in store.attemptTimedOut(flight, id) }
+            let timer = schedule(at: deadline) { store, _ in store.attemptTimedOut(flight, id) }
+            core.machine.attach(task: task, timer: timer)
+        } else {
+            // Without one it starts on the caller's thread once the lock is released (see
+            // ``launchAndAttach(_:)``).
+            precondition(effects.launch == nil, "an event started two attempts")
+            effects.launch = attempt
+            core.machine.attach(task: nil, timer: nil)
         }
-        core.machine.attach(task: task, timer: timer)
         publish(core.machine, at: now)
     }
 }

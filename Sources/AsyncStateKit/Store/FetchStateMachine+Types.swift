@@ -72,9 +72,9 @@ extension FetchStateMachine {
     @usableFromInline
     struct Flight {
         /// This flight's id; events carrying another id are stale.
-        var id: FlightID
+        @usableFromInline var id: FlightID
         /// The operation: kept for the flight's attempts only.
-        var operation: Operation
+        @usableFromInline var operation: Operation
         /// Its current attempt, running or due.
         @usableFromInline var stage: Stage
         /// The callers waiting for its outcome: a set, so that one leaves in O(1).
@@ -82,21 +82,33 @@ extension FetchStateMachine {
         /// What it is for.
         @usableFromInline var kind: FlightKind
         /// Why it started (the observer's `started`).
-        var reason: Reason
+        @usableFromInline var reason: Reason
         /// Whether the state had a value when it started (a paged state's activity).
-        var startedWithValue: Bool
+        @usableFromInline var startedWithValue: Bool
         /// Set by ``invalidate(now:)`` during the flight: its result lands already expired.
-        var expiresOnArrival: Bool
+        @usableFromInline var expiresOnArrival: Bool
         /// How failed attempts are retried.
-        var policy: RetryPolicy
+        @usableFromInline var policy: RetryPolicy
         /// When the flight started (for the retry budget and the observer's duration).
-        var startedAt: Duration
+        @usableFromInline var startedAt: Duration
         /// Attempts started so far.
-        var attempts: Int
+        @usableFromInline var attempts: Int
         /// The jitter generator for this flight's retries.
-        var random: SplitMix64
+        @usableFromInline var random: SplitMix64
         /// The shell's handles of the running attempt and of the pending timer.
         @usableFromInline var handles: Handles
+
+        @inlinable
+        init(
+            id: FlightID, operation: Operation, stage: Stage, waiters: Set<WaiterID>, kind: FlightKind,
+            reason: Reason, startedWithValue: Bool, expiresOnArrival: Bool, policy: RetryPolicy, startedAt: Duration,
+            attempts: Int, random: SplitMix64, handles: Handles
+        ) {
+            (self.id, self.operation, self.stage, self.waiters, self.kind) = (id, operation, stage, waiters, kind)
+            (self.reason, self.startedWithValue, self.expiresOnArrival) = (reason, startedWithValue, expiresOnArrival)
+            (self.policy, self.startedAt, self.attempts) = (policy, startedAt, attempts)
+            (self.random, self.handles) = (random, handles)
+        }
 
         /// The current attempt's id.
         @inlinable var attempt: AttemptID { stage.attempt }
@@ -125,7 +137,7 @@ extension FetchStateMachine {
     }
 
     /// What an operation's attempt ended with.
-    enum Outcome {
+    @usableFromInline enum Outcome {
         /// It returned a value.
         case success(Value)
         /// It threw an error other than `CancellationError`.
@@ -141,16 +153,23 @@ extension FetchStateMachine {
     @usableFromInline
     struct Attempt {
         /// The flight it belongs to.
-        var flight: FlightID
+        @usableFromInline var flight: FlightID
         /// Its id.
         @usableFromInline var id: AttemptID
         /// What it runs.
-        var operation: Operation
+        @usableFromInline var operation: Operation
         /// When it times out; `nil` for never.
-        var timeoutAt: Duration?
+        @usableFromInline var timeoutAt: Duration?
         /// Why its flight started, if it is the flight's first attempt (the observer's `started`);
         /// `nil` for a later attempt.
-        var starts: Reason?
+        @usableFromInline var starts: Reason?
+
+        @inlinable
+        init(flight: FlightID, id: AttemptID, operation: Operation, timeoutAt: Duration?, starts: Reason?) {
+            (self.flight, self.id, self.operation, self.timeoutAt, self.starts) = (
+                flight, id, operation, timeoutAt, starts
+            )
+        }
     }
 
     /// What to do after ``fetch(waiter:request:now:policy:operation:callerAttempts:)``.
@@ -173,7 +192,7 @@ extension FetchStateMachine {
     }
 
     /// What to do after ``retry(waiter:operation:now:callerAttempts:)``.
-    enum RetryAction {
+    @usableFromInline enum RetryAction {
         /// Cancel `cancel` (a backoff's timer) and start this attempt now; the caller waits.
         case start(Attempt, cancel: Handles)
         /// Nothing to re-run: return at once.
@@ -181,14 +200,19 @@ extension FetchStateMachine {
     }
 
     /// How long a flight ran and how many attempts it started, for the observer.
-    struct FlightReport {
-        var duration: Duration
-        var attempts: Int
+    @usableFromInline struct FlightReport {
+        @usableFromInline var duration: Duration
+        @usableFromInline var attempts: Int
+
+        @inlinable
+        init(duration: Duration, attempts: Int) {
+            (self.duration, self.attempts) = (duration, attempts)
+        }
     }
 
     /// What to do after an attempt ended, timed out, or its backoff ended. Each carries the handles
     /// it ended, to cancel once the lock is released.
-    enum FlightAction {
+    @usableFromInline enum FlightAction {
         /// The event is stale (another attempt or flight is current): change nothing.
         case drop
         /// Attempt number `attempts` failed with `error` and will be retried: at `at` report
@@ -215,7 +239,7 @@ extension FetchStateMachine {
     }
 
     /// What to do with a flight that an event ended early.
-    enum EndedFlight {
+    @usableFromInline enum EndedFlight {
         /// There was no flight.
         case none
         /// Cancel its handles and resume `waiters` (with what the event says).
@@ -226,6 +250,6 @@ extension FetchStateMachine {
     @usableFromInline
     final class FlightBox {
         @usableFromInline var flight: Flight
-        @usableFromInline init(_ flight: Flight) { self.flight = flight }
+        @inlinable init(_ flight: Flight) { self.flight = flight }
     }
 }

@@ -1,6 +1,8 @@
 // Over 500 lines on purpose: the machine's events and the helpers they share are one unit, whose
-// invariants (the flight's stage, the abandoned attempts, the ids) are private to this file.
-import Foundation
+// invariants (the flight's stage, the abandoned attempts, the ids) only this file's functions change.
+// They are `@usableFromInline` rather than `private` because the machine is inlinable: a miss runs it
+// specialized in the caller's module (see Architecture.md, "Specialized in the caller's module").
+public import Foundation
 
 /// The pure heart of an ``AsyncState``: every event is a `mutating func` that takes the current
 /// instant as an argument, changes the state, and returns what the shell must do.
@@ -36,24 +38,24 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     @usableFromInline typealias Reason = AsyncStateEvent.Reason
 
     /// The value, the settled phase, the freshness and the metadata.
-    @usableFromInline private(set) var data: StateData<Value>
+    @usableFromInline var data: StateData<Value>
     /// Where the flight lives: boxed, so that an idle state does not carry it inline. Copied on write
     /// (``mutateFlight(_:)``), so the machine keeps value semantics.
     @usableFromInline var flightBox: FlightBox?
     /// The last id handed out to a flight or an attempt.
-    private(set) var lastID: UInt64 = 0
+    @usableFromInline var lastID: UInt64 = 0
     /// Attempts that timed out and whose operation has not returned yet (it was cancelled, but may
     /// ignore cancellation).
-    private(set) var abandoned: Set<AttemptID> = []
+    @usableFromInline var abandoned: Set<AttemptID> = []
 
     /// The value ``reset()`` goes back to.
-    let initialValue: Value
+    @usableFromInline let initialValue: Value
     /// The policies, normalized.
     @usableFromInline let configuration: StoreConfiguration<Value>
     /// Seeds the jitter of flights whose policy has no seed of its own.
-    private var seeds: SplitMix64
+    @usableFromInline var seeds: SplitMix64
 
-    init(initialValue: Value, configuration: StoreConfiguration<Value>, seed: UInt64 = 0) {
+    @inlinable init(initialValue: Value, configuration: StoreConfiguration<Value>, seed: UInt64 = 0) {
         data = StateData(initialValue: initialValue)
         self.initialValue = initialValue
         self.configuration = configuration
@@ -62,7 +64,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
 
     /// A machine whose data is `data` at rest (see ``StateData/isAtRest``), with no flight: the state a
     /// machine had when it last rested.
-    init(
+    @inlinable init(
         restoring data: StateData<Value>, initialValue: Value, configuration: StoreConfiguration<Value>,
         seed: UInt64 = 0
     ) {
@@ -79,13 +81,13 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     /// Whether a flight is in flight.
     @inlinable var isFlying: Bool { flightBox != nil }
     /// Why the flight in flight started and whether the state had a value then; `nil` without one.
-    var flightStart: (reason: Reason, hadValue: Bool)? {
+    @inlinable var flightStart: (reason: Reason, hadValue: Bool)? {
         flightBox.map { ($0.flight.reason, $0.flight.startedWithValue) }
     }
 
     /// The data, if this machine may rest: no flight, no abandoned operation, and data at rest. A
     /// machine restored from it behaves as this one would.
-    var restingData: StateData<Value>? {
+    @inlinable var restingData: StateData<Value>? {
         flightBox == nil && abandoned.isEmpty && data.isAtRest ? data : nil
     }
 
@@ -133,7 +135,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     }
 
     /// Why a flight that `request` starts started.
-    @usableFromInline
+    @inlinable
     func reason(of request: FetchRequest) -> Reason {
         switch request {
         case .value, .fetch: return .fetch
@@ -223,7 +225,9 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     /// A caller asks to retry: while a flight waits out a backoff, its next attempt starts now;
     /// otherwise, when the phase is failure or empty, a new flight runs `operation` (if given),
     /// bypassing the failure expiry.
-    mutating func retry(waiter: WaiterID, operation: Operation?, now: Duration, callerAttempts: [AttemptID] = [])
+    @inlinable mutating func retry(
+        waiter: WaiterID, operation: Operation?, now: Duration, callerAttempts: [AttemptID] = []
+    )
         -> RetryAction
     {
         if flightBox != nil {
@@ -256,6 +260,17 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         }
     }
 
+    /// Gives the task running attempt `attempt` to its flight, if that attempt is the flight's running
+    /// one; returns whether it did (if not, the attempt is over and its task is the caller's to
+    /// cancel). The task starts after the event that started the attempt, so its flight may have
+    /// ended, or the attempt settled, by the time it is given.
+    @inlinable
+    mutating func attach(task: Handle, toAttempt attempt: AttemptID) -> Bool {
+        guard case .running(attempt) = flightBox?.flight.stage else { return false }
+        mutateFlight { $0.handles.attempt = task }
+        return true
+    }
+
     /// The task of waiter `waiter` was cancelled: it stops waiting; the flight is cancelled if it was
     /// the last waiter of a flight that is not a background one.
     @inlinable
@@ -267,7 +282,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     }
 
     /// The flight's last waiter left: a flight that is not a background one ends.
-    @usableFromInline
+    @inlinable
     mutating func lastWaiterLeft() -> WaiterCancelledAction {
         guard case .end(_, let handles) = endFlight() else { return .none }
         return .leftAndEndedFlight(cancel: handles)
@@ -275,19 +290,19 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
 
     /// `cancel()`: cancels the flight outright; its waiters get `CancellationError`. Publish when a
     /// flight was cancelled.
-    mutating func cancel() -> EndedFlight { endFlight() }
+    @inlinable mutating func cancel() -> EndedFlight { endFlight() }
 
     /// `invalidate()`: the data is expired now, for every interval, and so will be the result of the
     /// flight in flight (see ``StateData/invalidate(now:expiry:)``). Returns whether a snapshot
     /// changed (publish it then); either way the freshness readers test must be the machine's again.
-    mutating func invalidate(now: Duration) -> Bool {
+    @inlinable mutating func invalidate(now: Duration) -> Bool {
         mutateFlight { $0.expiresOnArrival = true }
         return data.invalidate(now: now, expiry: configuration.expiry)
     }
 
     /// `set(_:)`: a manual (or optimistic) write, fresh from `now`. It wins over the flight in flight:
     /// that flight ends and its waiters get `newValue`. Publish.
-    mutating func set(_ newValue: Value, now: Duration, date: Date) -> EndedFlight {
+    @inlinable mutating func set(_ newValue: Value, now: Duration, date: Date) -> EndedFlight {
         let ended = endFlight()
         data.set(newValue, isEmpty: isEmpty(newValue), now: now, date: date)
         return ended
@@ -299,7 +314,9 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     /// as long as fresh data would be before its refresh (`expiry − refreshAfter`, see
     /// ``StateData/restoredUntil``); otherwise it is refetched before it is served. Only into a state
     /// with no data and no flight (anything newer wins); returns whether it was restored. Publish if so.
-    mutating func restore(_ newValue: Value, isEmpty: Bool, lastSuccess: Date?, now: Duration, date: Date) -> Bool {
+    @inlinable mutating func restore(_ newValue: Value, isEmpty: Bool, lastSuccess: Date?, now: Duration, date: Date)
+        -> Bool
+    {
         guard !data.hasValue, flightBox == nil, abandoned.isEmpty else { return false }
         data.restore(
             newValue, isEmpty: isEmpty, lastSuccess: lastSuccess, date: date,
@@ -310,7 +327,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     /// `reset()`: back to the initial value and phase, forgetting the metadata. The flight in flight
     /// ends and its waiters get `CancellationError`. Returns whether anything a reader can see changed
     /// (publish then): a reset of a state that is already initial changes nothing.
-    mutating func reset() -> (ended: EndedFlight, changed: Bool) {
+    @inlinable mutating func reset() -> (ended: EndedFlight, changed: Bool) {
         let changed = flightBox != nil || data.differsFromInitial
         let ended = endFlight()
         data = StateData(initialValue: initialValue)
@@ -321,7 +338,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
 
     /// Attempt `attempt` of flight `id` ended with `outcome` at `now` (wall date `date`). Its task is
     /// ending by itself: it is not handed back to be cancelled.
-    mutating func attemptFinished(
+    @inlinable mutating func attemptFinished(
         _ id: FlightID, attempt: AttemptID, outcome: Outcome, now: Duration, date: Date
     ) -> FlightAction {
         abandoned.remove(attempt)
@@ -346,7 +363,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     /// The current attempt of flight `id` ran past its timeout: it is abandoned (its task is cancelled,
     /// its late result dropped) and counts as a failure with ``AsyncStateError/timedOut(after:)``. The
     /// timer is ending by itself: it is not handed back to be cancelled.
-    mutating func attemptTimedOut(_ id: FlightID, attempt: AttemptID, now: Duration) -> FlightAction {
+    @inlinable mutating func attemptTimedOut(_ id: FlightID, attempt: AttemptID, now: Duration) -> FlightAction {
         guard flightBox?.flight.id == id, case .running(attempt)? = flightBox?.flight.stage,
             let timeout = configuration.timeout
         else { return .drop }
@@ -358,7 +375,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     /// The backoff before attempt `attempt` of flight `id` ended: the attempt starts now. If the
     /// clock's sleep threw instead (`error`), the flight settles: cancelled for a `CancellationError`,
     /// failed with `error` otherwise — never left `loading`. The timer is ending by itself.
-    mutating func backoffEnded(_ id: FlightID, attempt: AttemptID, error: (any Error)?, now: Duration)
+    @inlinable mutating func backoffEnded(_ id: FlightID, attempt: AttemptID, error: (any Error)?, now: Duration)
         -> FlightAction
     {
         guard flightBox?.flight.id == id, case .backingOff(attempt, _)? = flightBox?.flight.stage else { return .drop }
@@ -381,13 +398,13 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     // MARK: Helpers
 
     /// The emptiness test of a successful value.
-    private func isEmpty(_ value: Value) -> Bool { configuration.isEmpty(value) }
+    @inlinable func isEmpty(_ value: Value) -> Bool { configuration.isEmpty(value) }
 
     /// Starts a flight of `kind` running `operation`, started for `reason`, with `waiter` waiting for
     /// it (none for a background flight). A flight in flight is replaced in place — the new one takes
     /// over its waiters (without copying them); its handles must have been taken first. Returns
     /// `nil`, starting nothing, while too many abandoned operations still run.
-    @usableFromInline
+    @inlinable
     mutating func begin(
         waiter: WaiterID?, operation: Operation, now: Duration, policy: RetryPolicy?, kind: FlightKind,
         reason: Reason
@@ -420,7 +437,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     }
 
     /// Starts the flight's next attempt now (after a backoff, or on `retry()` during one).
-    private mutating func startAttempt(now: Duration) -> Attempt {
+    @inlinable mutating func startAttempt(now: Duration) -> Attempt {
         let id = nextID()
         mutateFlight {
             $0.stage = .running(id)
@@ -430,7 +447,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     }
 
     /// The flight's current attempt, starting at `now`.
-    private func attempt(now: Duration, starts: Reason?) -> Attempt {
+    @inlinable func attempt(now: Duration, starts: Reason?) -> Attempt {
         let box = flightBox!
         return Attempt(
             flight: box.flight.id, id: box.flight.attempt, operation: box.flight.operation,
@@ -438,7 +455,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     }
 
     /// The current attempt failed with `error`: retry as the policy says, or settle.
-    private mutating func attemptFailed(_ error: any Error, now: Duration) -> FlightAction {
+    @inlinable mutating func attemptFailed(_ error: any Error, now: Duration) -> FlightAction {
         data.failureCount += 1
         data.lastError = error
         var random = flightBox!.flight.random
@@ -456,7 +473,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
             cancel: handles)
     }
 
-    private mutating func settleFailed(_ error: any Error, now: Duration) -> FlightAction {
+    @inlinable mutating func settleFailed(_ error: any Error, now: Duration) -> FlightAction {
         let kind = flightBox!.flight.kind
         let report = self.report(at: now)
         let (waiters, handles) = takeFlight()
@@ -468,21 +485,21 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         return .settle(waiters: waiters, result: .failure(error), report: report, cancel: handles)
     }
 
-    private mutating func settleCancelled(now: Duration) -> FlightAction {
+    @inlinable mutating func settleCancelled(now: Duration) -> FlightAction {
         let report = self.report(at: now)
         let (waiters, handles) = takeFlight()
         return .settle(waiters: waiters, result: .failure(CancellationError()), report: report, cancel: handles)
     }
 
     /// The flight's duration so far and its attempts.
-    private func report(at now: Duration) -> FlightReport {
+    @inlinable func report(at now: Duration) -> FlightReport {
         let box = flightBox!
         return FlightReport(duration: now - box.flight.startedAt, attempts: box.flight.attempts)
     }
 
     /// When the flight's next attempt starts, drawing its jitter from `random`, or `nil` when its
     /// policy gives up after this failure.
-    private func retryInstant(after error: any Error, now: Duration, random: inout SplitMix64) -> Duration? {
+    @inlinable func retryInstant(after error: any Error, now: Duration, random: inout SplitMix64) -> Duration? {
         let box = flightBox!
         let policy = box.flight.policy
         let failures = data.failureCount
@@ -495,21 +512,21 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     }
 
     /// Ends the flight in flight, if any, forgetting it.
-    private mutating func endFlight() -> EndedFlight {
+    @inlinable mutating func endFlight() -> EndedFlight {
         guard flightBox != nil else { return .none }
         let (waiters, handles) = takeFlight()
         return .end(waiters: waiters, cancel: handles)
     }
 
     /// Forgets the flight; returns its waiters and handles.
-    private mutating func takeFlight() -> (Set<WaiterID>, Handles) {
+    @inlinable mutating func takeFlight() -> (Set<WaiterID>, Handles) {
         let box = flightBox!
         flightBox = nil
         return (box.flight.waiters, box.flight.handles)
     }
 
     /// Takes the flight's handles out of it (to be cancelled).
-    private mutating func takeHandles() -> Handles {
+    @inlinable mutating func takeHandles() -> Handles {
         var handles = Handles()
         mutateFlight { swap(&handles, &$0.handles) }
         return handles
@@ -523,7 +540,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         body(&flightBox!.flight)
     }
 
-    private mutating func nextID() -> UInt64 {
+    @inlinable mutating func nextID() -> UInt64 {
         lastID &+= 1
         return lastID
     }
@@ -531,7 +548,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
 
 extension FetchStateMachine {
     /// The snapshot to publish at `now`.
-    func snapshot(at now: Duration) -> AsyncSnapshot<Value> {
+    @inlinable func snapshot(at now: Duration) -> AsyncSnapshot<Value> {
         data.snapshot(at: now, expiry: configuration.expiry, isLoading: flightBox != nil)
     }
 }

@@ -20,7 +20,7 @@ package struct LockedValue<Value>: @unchecked Sendable {
     @usableFromInline let storage: LockStorage<Value>
 
     /// Creates a lock guarding `initialValue`.
-    package init(_ initialValue: Value) {
+    @usableFromInline package init(_ initialValue: Value) {
         storage = LockStorage.make(initialValue)
     }
 

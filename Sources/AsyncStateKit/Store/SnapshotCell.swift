@@ -12,11 +12,16 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         @usableFromInline var freshSince: Duration?
         /// Why the flight in flight started and whether the state had a value then; `nil` without a
         /// flight (see ``FetchStateMachine/flightStart``). What a paged state's `activity` reads.
-        var flightStart: (reason: AsyncStateEvent.Reason, hadValue: Bool)?
+        @usableFromInline var flightStart: (reason: AsyncStateEvent.Reason, hadValue: Bool)?
         /// The `updates` subscribers, by id.
-        var subscribers: [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation] = [:]
+        @usableFromInline var subscribers: [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation] = [:]
         /// The next subscriber id.
-        var nextSubscriber: UInt64 = 0
+        @usableFromInline var nextSubscriber: UInt64 = 0
+
+        @inlinable
+        init(snapshot: AsyncSnapshot<Value>, freshSince: Duration?) {
+            (self.snapshot, self.freshSince, self.flightStart) = (snapshot, freshSince, nil)
+        }
     }
 
     /// How long data stays fresh (zero or less: never).
@@ -24,11 +29,11 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     /// How long a hit is answered here, without the store (see ``StoreConfiguration/hitWindow``).
     @usableFromInline let hitWindow: Duration
     /// How many snapshots a subscriber that does not keep up may have queued; older ones are dropped.
-    static var subscriberBuffer: Int { 64 }
+    @inlinable static var subscriberBuffer: Int { 64 }
 
     @usableFromInline let contents: LockedValue<Contents>
 
-    init(value: Value, expiry: Duration, hitWindow: Duration) {
+    @inlinable init(value: Value, expiry: Duration, hitWindow: Duration) {
         self.expiry = expiry
         self.hitWindow = hitWindow
         contents = LockedValue(
@@ -63,7 +68,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     }
 
     /// Whether the data is older than `interval` at `now`, or was never fresh, or was invalidated.
-    func hasExpired(in interval: Duration, at now: Duration) -> Bool {
+    @inlinable func hasExpired(in interval: Duration, at now: Duration) -> Bool {
         contents.withLock { !isWithinExpiry(since: $0.freshSince, at: now, expiry: interval) }
     }
 
@@ -76,7 +81,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     /// copy the subscriber list (a reference count); the snapshots are sent after it is released. A
     /// subscriber that arrives in between starts with the new snapshot and is not in the copy, so it
     /// gets it exactly once.
-    func publish(
+    @inlinable func publish(
         _ snapshot: AsyncSnapshot<Value>, freshSince: Duration?,
         flightStart: (reason: AsyncStateEvent.Reason, hadValue: Bool)?, notifying: Bool = true
     ) {
@@ -92,7 +97,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
 
     /// A new stream that starts with the current snapshot (expired or not at `now`). It leaves the
     /// subscriber list as soon as it ends (its consumer stopped or was cancelled).
-    func subscribe(at now: Duration) -> AsyncStream<AsyncSnapshot<Value>> {
+    @inlinable func subscribe(at now: Duration) -> AsyncStream<AsyncSnapshot<Value>> {
         let (stream, continuation) = AsyncStream.makeStream(
             of: AsyncSnapshot<Value>.self, bufferingPolicy: .bufferingNewest(Self.subscriberBuffer))
         let id = contents.withLock { contents in
@@ -114,7 +119,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     }
 
     /// The number of subscribers whose streams have not ended (for tests).
-    var subscriberCount: Int { contents.withLock { $0.subscribers.count } }
+    @inlinable var subscriberCount: Int { contents.withLock { $0.subscribers.count } }
 }
 
 extension SnapshotCell.Contents {

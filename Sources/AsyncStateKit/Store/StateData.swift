@@ -39,7 +39,7 @@ struct StateData<Value: Sendable> {
     @usableFromInline var successCount: Int
 
     /// A state that has only its initial value.
-    init(initialValue: Value) {
+    @inlinable init(initialValue: Value) {
         value = initialValue
         phase = .initial
         hasValue = false
@@ -69,7 +69,7 @@ struct StateData<Value: Sendable> {
     /// Whether this is all a state needs to keep while nobody uses it: a value that succeeded (or was
     /// set, or is empty), no failure. A family then keeps only this, packed (a machine with no flight
     /// and no abandoned operation keeps nothing else but its ids and jitter seeds).
-    var isAtRest: Bool {
+    @inlinable var isAtRest: Bool {
         guard hasValue, failedAt == nil, failureCount == 0 else { return false }
         switch phase {
         case .success, .empty: return true
@@ -112,7 +112,7 @@ struct StateData<Value: Sendable> {
     // MARK: Changes
 
     /// How a success treats the data's freshness.
-    enum Freshness {
+    @usableFromInline enum Freshness {
         /// Fresh from the instant given.
         case from(Duration)
         /// Expired already (the data was invalidated while it was being fetched).
@@ -124,7 +124,7 @@ struct StateData<Value: Sendable> {
     /// New data arrives: `newValue`, empty by `isEmpty`, in a phase dated `date`. What a success, a
     /// write and a restore share: the value is the data's, the phase says what it is, and a cached
     /// failure and a restored window are over.
-    private mutating func receive(_ newValue: Value, isEmpty: Bool, date: Date) {
+    @inlinable mutating func receive(_ newValue: Value, isEmpty: Bool, date: Date) {
         value = newValue
         hasValue = true
         valueIsEmpty = isEmpty
@@ -134,7 +134,7 @@ struct StateData<Value: Sendable> {
     }
 
     /// A fetch succeeded with `newValue` (empty by `isEmpty`) on `date`.
-    mutating func succeed(_ newValue: Value, isEmpty: Bool, date: Date, freshness: Freshness) {
+    @inlinable mutating func succeed(_ newValue: Value, isEmpty: Bool, date: Date, freshness: Freshness) {
         receive(newValue, isEmpty: isEmpty, date: date)
         switch freshness {
         case .from(let now): freshSince = now
@@ -149,14 +149,14 @@ struct StateData<Value: Sendable> {
     /// A fetch failed for good with `error` at `now`. Its data stays fresh until its own expiry if
     /// `keepsFreshness` (a failed refresh ahead, a failed append); the failure is answered from the
     /// negative cache from `now` if `cached`.
-    mutating func fail(_ error: any Error, at now: Duration, keepsFreshness: Bool, cached: Bool) {
+    @inlinable mutating func fail(_ error: any Error, at now: Duration, keepsFreshness: Bool, cached: Bool) {
         phase = .failure(error)
         if !keepsFreshness { freshSince = nil }
         failedAt = cached ? now : nil
     }
 
     /// A write (`set`): `newValue`, empty by `isEmpty`, fresh from `now`.
-    mutating func set(_ newValue: Value, isEmpty: Bool, now: Duration, date: Date) {
+    @inlinable mutating func set(_ newValue: Value, isEmpty: Bool, now: Duration, date: Date) {
         receive(newValue, isEmpty: isEmpty, date: date)
         freshSince = now
     }
@@ -164,7 +164,7 @@ struct StateData<Value: Sendable> {
     /// `invalidate()`: the data is expired now, for every interval; a cached failure is forgotten, and
     /// restored data is no longer answered at once. Returns whether a snapshot changed: only data fresh
     /// at `now` (for `expiry`) becoming expired changes one.
-    mutating func invalidate(now: Duration, expiry: Duration) -> Bool {
+    @inlinable mutating func invalidate(now: Duration, expiry: Duration) -> Bool {
         let visible = isFresh(at: now, expiry: expiry)
         freshSince = nil
         failedAt = nil
@@ -174,7 +174,7 @@ struct StateData<Value: Sendable> {
 
     /// A warm restart: `newValue` as expired data (see ``FetchStateMachine/restore(_:isEmpty:lastSuccess:now:date:)``),
     /// answered at once until `restoredUntil` (under refresh ahead), or never (`nil`).
-    mutating func restore(
+    @inlinable mutating func restore(
         _ newValue: Value, isEmpty: Bool, lastSuccess: Date?, date: Date, restoredUntil: Duration?
     ) {
         receive(newValue, isEmpty: isEmpty, date: lastSuccess ?? date)
@@ -186,12 +186,12 @@ struct StateData<Value: Sendable> {
 
     /// What a warm restart saves: the value, whether it is empty — as the phase said when it arrived,
     /// not as the emptiness test says now — and when it last succeeded; `nil` without a value.
-    var archived: (value: Value, isEmpty: Bool, lastSuccess: Date?)? {
+    @inlinable var archived: (value: Value, isEmpty: Bool, lastSuccess: Date?)? {
         hasValue ? (value, valueIsEmpty, lastSuccess) : nil
     }
 
     /// Whether anything a reader can see differs from a state that has only its initial value.
-    var differsFromInitial: Bool {
+    @inlinable var differsFromInitial: Bool {
         let isInitial = if case .initial = phase { true } else { false }
         return hasValue || !isInitial || failureCount != 0 || lastError != nil || lastSuccess != nil
             || successCount != 0

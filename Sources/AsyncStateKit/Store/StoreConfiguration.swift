@@ -7,11 +7,11 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
     /// How long a failure is answered from the negative cache; zero means never.
     @usableFromInline var failureExpiry: Duration
     /// Decides whether a successful value is empty.
-    var isEmpty: @Sendable (Value) -> Bool
+    @usableFromInline var isEmpty: @Sendable (Value) -> Bool
     /// The retry policy of fetches whose caller gives none.
-    var retry: RetryPolicy
+    @usableFromInline var retry: RetryPolicy
     /// The longest an attempt may run; `nil` for no limit.
-    var timeout: Duration?
+    @usableFromInline var timeout: Duration?
     /// Whether `value` serves stale data at once and refreshes it in the background.
     @usableFromInline var staleWhileRevalidate: Bool
     /// The age at which a hit on fresh data starts a background refresh; `nil` for never.
@@ -26,7 +26,7 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
     /// negative `timeout` means none (documented on ``AsyncState``), so it cannot fail every attempt at
     /// once; a `refreshAfter` of zero or less, or not shorter than the expiry, means none (it could
     /// only refresh on every hit, or never).
-    init(
+    @inlinable init(
         expiry: Duration, failureExpiry: Duration = .zero, isEmpty: @escaping @Sendable (Value) -> Bool,
         retry: RetryPolicy = .never, timeout: Duration? = nil, staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil

@@ -43,7 +43,7 @@ enum WaiterSlot: Sendable {
 
     /// Under the lock: ``take(_:settlingWith:in:)`` for each of `ids`; the continuations to resume
     /// (after the lock), with their ids.
-    @usableFromInline
+    @inlinable
     static func take(
         _ ids: Set<UInt64>, settlingWith outcome: WaiterOutcome, in slots: inout [UInt64: WaiterSlot]
     ) -> [(id: UInt64, continuation: UnsafeContinuation<WaiterOutcome, Never>)] {
@@ -71,7 +71,7 @@ class WaiterOutcome: @unchecked Sendable {
     /// not a ``WaiterResult`` (the initializer is private to this file), which ``result(as:)`` relies on.
     @usableFromInline static let cancelled = WaiterOutcome()
 
-    fileprivate init() {}
+    @inlinable init() {}
 
     /// The value, or the error to throw. `Value` is the waiting state's type, which a settled
     /// flight's ``WaiterResult`` always has.
@@ -88,7 +88,7 @@ final class WaiterResult<Value: Sendable>: WaiterOutcome, @unchecked Sendable {
     // @unchecked: see ``WaiterOutcome``; `result` is a `let` of a `Sendable` type.
     @usableFromInline let result: Result<Value, any Error>
 
-    @usableFromInline
+    @inlinable
     init(_ result: Result<Value, any Error>) {
         self.result = result
     }
