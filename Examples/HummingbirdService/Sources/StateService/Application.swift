@@ -9,6 +9,9 @@ import ServiceLifecycle
 ///
 /// - `GET /config`, `GET /rates`: a state each; `GET /users/:id`: the `profiles` family.
 ///   Snapshots become responses through ``SnapshotResponder`` (status, `Age`, `Retry-After`).
+/// - `GET /profiles/:id`: the same profiles, a miss loaded in a batch with the others missed within
+///   the batch window (``Catalog/coalescedProfile(_:)``): 200 with the profile, 404 for an unknown
+///   id, 503 with `Retry-After` when the upstream fails.
 /// - `GET /config/:tenant`: the `tenants` family. `PUT /config/:tenant` with a JSON object of
 ///   strings replaces the tenant's settings and answers the new configuration, with
 ///   `X-Invalidation` saying how the other replicas were told (`published`, `failed`, `local`); 503
@@ -31,6 +34,22 @@ public func buildRouter(
             return .badRequest("a user id is an integer")
         }
         return responder.response(for: try await catalog.profileSnapshot(id))
+    }
+    router.get("/profiles/{id}") { _, context -> Response in
+        guard let id = context.parameters.get("id", as: Int.self) else {
+            return .badRequest("a user id is an integer")
+        }
+        do {
+            return .json(try await catalog.coalescedProfile(id))
+        } catch AsyncStateError.missingFromBatch {
+            return Response(status: .notFound)
+        } catch let error as UpstreamError where error == .notFound {
+            return Response(status: .notFound)
+        } catch is CancellationError {
+            throw CancellationError()
+        } catch {
+            return Response(status: .serviceUnavailable, headers: [.retryAfter: responder.retryAfterSeconds])
+        }
     }
     /// The `{tenant}` parameter, if it is a valid tenant id.
     @Sendable func tenantID(_ context: BasicRequestContext) -> String? {

@@ -1,5 +1,6 @@
 import AsyncStateKit
 import Foundation
+import Metrics
 
 /// The service's fetched data: one state per route and a family per path parameter, each configured
 /// at run time from ``Settings`` (so they are plain `let`s made in `init`, not `@AsyncState` wrappers
@@ -10,7 +11,9 @@ import Foundation
 ///   its expiry, so requests never wait at the boundary.
 /// - `rates`: stale-while-revalidate: an expired value is served at once while one refetch runs.
 /// - `profiles`: a profile per user id, at most `profileCapacity` of them, refreshed ahead; idle ones
-///   are dropped after `profileIdleExpiry`.
+///   are dropped after `profileIdleExpiry`. `GET /users/:id` loads a missed profile alone;
+///   `GET /profiles/:id` loads it with the other profiles missed within `profileBatchWindow`, in one
+///   call of the upstream's batch endpoint (``coalescedProfile(_:)``).
 /// - `tenants`: a configuration per tenant, read from a ``TenantStore`` shared by every replica and
 ///   written through it (`PUT /config/:tenant`). With an invalidation bus, a write through any replica
 ///   invalidates that tenant on all of them (topic ``tenantsTopic``); `tenantExpiry` bounds how long
@@ -27,6 +30,12 @@ public final class Catalog: Sendable {
     public let tenantStore: any TenantStore
     /// Carries tenant invalidations to and from the other replicas; `nil` for a single process.
     public let invalidator: AsyncStateInvalidator?
+    /// How long a batch of coalesced profile misses collects ids, and the most it holds.
+    let profileBatch: (window: Duration, size: Int)
+    /// The upstream's batch calls for coalesced profile misses (`upstream_profile_batches_total`), and
+    /// the ids they asked for (`upstream_profile_batch_ids_total`): their ratio is the batches' mean size.
+    let profileBatches: Counter
+    let profileBatchIDs: Counter
 
     /// The invalidation topic of ``tenants`` (a message's key is the tenant id).
     public static let tenantsTopic = "tenants"
@@ -39,11 +48,16 @@ public final class Catalog: Sendable {
     ///   - tenantStore: Where tenants' configurations live (shared by the replicas).
     ///   - bus: The invalidation bus between replicas; the caller runs the ``invalidator``.
     ///   - authenticator: Signs and checks the invalidations on `bus` (see `HMACAuthenticator`).
+    ///   - metrics: Where the upstream's batch calls are counted (the bootstrapped factory by default).
     public init(
         settings: Settings, upstream: any Upstream, clock: some Clock<Duration> = ContinuousClock(),
         observer: (any AsyncStateObserver)? = nil, tenantStore: any TenantStore = InMemoryTenantStore(),
-        bus: (any AsyncStateInvalidationBus)? = nil, authenticator: (any AsyncStateInvalidationAuthenticator)? = nil
+        bus: (any AsyncStateInvalidationBus)? = nil, authenticator: (any AsyncStateInvalidationAuthenticator)? = nil,
+        metrics: any MetricsFactory = MetricsSystem.factory
     ) {
+        profileBatch = (settings.profileBatchWindow, settings.profileBatchSize)
+        profileBatches = Counter(label: "upstream_profile_batches_total", factory: metrics)
+        profileBatchIDs = Counter(label: "upstream_profile_batch_ids_total", factory: metrics)
         let retry = RetryPolicy.exponential(
             maxAttempts: settings.retryAttempts, initial: settings.retryInitialDelay, cap: .seconds(10),
             jitter: .full
@@ -136,6 +150,18 @@ public final class Catalog: Sendable {
 
     func profileSnapshot(_ id: Int) async throws -> AsyncSnapshot<Profile?> {
         try await profiles.snapshot(for: id, using: upstream) { id, upstream in try await upstream.profile(id) }
+    }
+
+    /// User `id`'s profile from the same family, a miss loaded in a batch with the other ids missed
+    /// within the batch window (one call of ``Upstream/profiles(_:)`` per batch); a fresh profile is
+    /// answered at once. Throws ``AsyncStateKit/AsyncStateError/missingFromBatch`` for an unknown id.
+    func coalescedProfile(_ id: Int) async throws -> Profile {
+        try await profiles.value(for: id, batchWindow: profileBatch.window, maxBatchSize: profileBatch.size) {
+            [upstream, profileBatches, profileBatchIDs] ids in
+            profileBatches.increment()
+            profileBatchIDs.increment(by: ids.count)
+            return try await upstream.profiles(ids)
+        }
     }
 
     func tenantSnapshot(_ id: String) async throws -> AsyncSnapshot<TenantConfig?> {

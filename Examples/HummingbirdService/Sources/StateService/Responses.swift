@@ -39,24 +39,37 @@ struct SnapshotResponder: Sendable {
 
     /// 200 with the value as JSON, and its `Age` when it came from a fetch.
     private func ok<Value: Encodable>(_ value: Value, _ snapshot: AsyncSnapshot<Value>) -> Response {
-        var headers: HTTPFields = [.contentType: "application/json", .statePhase: snapshot.phase.kind.rawValue]
+        var headers: HTTPFields = [.statePhase: snapshot.phase.kind.rawValue]
         if let fetched = snapshot.lastSuccess {
             headers[.age] = String(max(0, Int(now().timeIntervalSince(fetched))))
         }
+        return .json(value, headers)
+    }
+
+    /// 503 with `Retry-After`.
+    private func unavailable(_ kind: AsyncPhase.Kind) -> Response {
+        Response(status: .serviceUnavailable, headers: [.retryAfter: retryAfterSeconds, .statePhase: kind.rawValue])
+    }
+
+    /// What `Retry-After` says: ``retryAfter`` in whole seconds, rounded up, at least 1.
+    var retryAfterSeconds: String {
+        let (whole, fraction) = retryAfter.components
+        return String(max(1, Int((Double(whole) + Double(fraction) / 1e18).rounded(.up))))
+    }
+}
+
+extension Response {
+    /// 200 with `value` as JSON (`Content-Type` added to `headers`), or 500 if it cannot be encoded.
+    static func json<Value: Encodable>(_ value: Value, _ headers: HTTPFields = [:]) -> Response {
+        var headers = headers
+        headers[.contentType] = "application/json"
         do {
             let body = try JSONEncoder().encode(value)
             return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: body)))
         } catch {
-            return Response(status: .internalServerError, headers: [.statePhase: snapshot.phase.kind.rawValue])
+            headers[.contentType] = nil
+            return Response(status: .internalServerError, headers: headers)
         }
-    }
-
-    /// 503 with `Retry-After` in whole seconds (at least 1).
-    private func unavailable(_ kind: AsyncPhase.Kind) -> Response {
-        let (whole, fraction) = retryAfter.components
-        let seconds = max(1, Int((Double(whole) + Double(fraction) / 1e18).rounded(.up)))
-        return Response(
-            status: .serviceUnavailable, headers: [.retryAfter: String(seconds), .statePhase: kind.rawValue])
     }
 }
 

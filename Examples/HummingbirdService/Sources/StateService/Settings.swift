@@ -18,6 +18,8 @@ import PostgresNIO
 /// | `PROFILE_EXPIRY` | 30 | How long a profile is fresh; refreshed ahead from 80 %. |
 /// | `PROFILE_CAPACITY` | 10000 | Profiles kept at most. |
 /// | `PROFILE_IDLE_EXPIRY` | 600 | A profile nobody read for this long is dropped. |
+/// | `PROFILE_BATCH_WINDOW` | 0.002 | How long `GET /profiles/:id` collects missed ids into one upstream batch call. |
+/// | `PROFILE_BATCH_SIZE` | 100 | The most ids one such batch call asks for. |
 /// | `RETRY_ATTEMPTS` | 3 | Attempts per fetch, the first included. |
 /// | `RETRY_INITIAL_DELAY` | 0.1 | The first backoff; doubled after each failure. |
 /// | `FETCH_TIMEOUT` | 2 | Longest an attempt may take. |
@@ -44,6 +46,8 @@ public struct Settings: Sendable, Equatable {
     public var profileExpiry = Duration.seconds(30)
     public var profileCapacity = 10_000
     public var profileIdleExpiry = Duration.seconds(600)
+    public var profileBatchWindow = Duration.milliseconds(2)
+    public var profileBatchSize = 100
     public var retryAttempts = 3
     public var retryInitialDelay = Duration.milliseconds(100)
     public var fetchTimeout = Duration.seconds(2)
@@ -80,6 +84,8 @@ public struct Settings: Sendable, Equatable {
         profileExpiry = try read.seconds("PROFILE_EXPIRY") ?? profileExpiry
         profileCapacity = try read.integer("PROFILE_CAPACITY", in: 1...100_000_000) ?? profileCapacity
         profileIdleExpiry = try read.seconds("PROFILE_IDLE_EXPIRY") ?? profileIdleExpiry
+        profileBatchWindow = try read.seconds("PROFILE_BATCH_WINDOW", allowingZero: true) ?? profileBatchWindow
+        profileBatchSize = try read.integer("PROFILE_BATCH_SIZE", in: 1...10_000) ?? profileBatchSize
         retryAttempts = try read.integer("RETRY_ATTEMPTS", in: 1...100) ?? retryAttempts
         retryInitialDelay = try read.seconds("RETRY_INITIAL_DELAY", allowingZero: true) ?? retryInitialDelay
         fetchTimeout = try read.seconds("FETCH_TIMEOUT") ?? fetchTimeout

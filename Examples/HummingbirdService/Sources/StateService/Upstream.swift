@@ -59,6 +59,8 @@ public protocol Upstream: Sendable {
     func rates() async throws -> Rates
     /// The profile of user `id`; throws ``UpstreamError/notFound`` for an unknown id.
     func profile(_ id: Int) async throws -> Profile
+    /// The profiles of `ids`, in one call (a batch endpoint); an unknown id is left out of the answer.
+    func profiles(_ ids: [Int]) async throws -> [Int: Profile]
 }
 
 /// An in-process stand-in for a real upstream: each call sleeps `latency` on `clock` (a
@@ -90,5 +92,12 @@ public struct SimulatedUpstream<C: Clock<Duration>>: Upstream {
         try await clock.sleep(for: latency)
         guard (0...1_000_000).contains(id) else { throw UpstreamError.notFound }
         return Profile(id: id, name: "user \(id)")
+    }
+
+    public func profiles(_ ids: [Int]) async throws -> [Int: Profile] {
+        try await clock.sleep(for: latency)
+        var profiles: [Int: Profile] = [:]
+        for id in ids where (0...1_000_000).contains(id) { profiles[id] = Profile(id: id, name: "user \(id)") }
+        return profiles
     }
 }

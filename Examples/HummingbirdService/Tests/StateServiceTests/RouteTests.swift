@@ -1,8 +1,10 @@
 import AsyncStateKit
 import AsyncStateTesting
 import Foundation
+import HTTPTypes
 import Hummingbird
 import HummingbirdTesting
+import Synchronization
 import Testing
 
 @testable import StateService
@@ -67,13 +69,14 @@ import Testing
                 for _ in 0..<10 { group.addTask { try await client.get("/config") } }
                 // Every request has joined (or started) its state's fetch — the handlers run on
                 // threads the clock does not watch, so wait for the metrics to say so — and one
-                // upstream call per state is asleep for its second.
+                // upstream call per state is asleep for its second (four sleepers: the two calls and
+                // their attempts' timeout timers, which alone would make two).
                 #expect(
                     await eventually {
                         fixture.metric(#"async_state_misses_total{state="profiles"}"#) == 20
                             && fixture.metric(#"async_state_misses_total{state="config"}"#) == 10
                     })
-                await clock.waitForSleepers(2)
+                await clock.waitForSleepers(4)
                 await clock.advance(by: .seconds(1))
                 for try await response in group { #expect(response.status == .ok) }
             }
@@ -129,4 +132,92 @@ import Testing
             #expect(response.text.contains(#"async_state_runs_total{state="config",reason="fetch"} 1"#))
         }
     }
+
+    @Test func coalescedProfileMissesShareBatchCalls() async throws {
+        // A window of an hour: a batch closes only when it holds 100 ids, whatever the threads do.
+        let fixture = Fixture(latency: .seconds(1)) {
+            $0.profileBatchWindow = .seconds(3_600)
+            $0.fetchTimeout = .seconds(3_600)
+        }
+        let (clock, upstream) = (fixture.clock, fixture.upstream)
+        try await fixture.routes().test(.router) { client async throws in
+            // 200 distinct ids (one unknown), and 20 more requests for ids already asked.
+            let ids = Array(0..<199) + [2_000_000] + Array(0..<20)
+            let answered = Locked(0)
+            try await withThrowingTaskGroup(of: (Int, TestResponse).self) { group in
+                for id in ids {
+                    group.addTask {
+                        let response = try await client.get("/profiles/\(id)")
+                        answered.withLock { $0 += 1 }
+                        return (id, response)
+                    }
+                }
+                #expect(await advance(clock, until: { answered.withLock { $0 } == ids.count }))
+                for try await (id, response) in group {
+                    if id == 2_000_000 {
+                        #expect(response.status == .notFound)
+                    } else {
+                        #expect(response.status == .ok)
+                        #expect(response.text.contains("user \(id)"))
+                    }
+                }
+            }
+            #expect(upstream.calls("profiles") == 2)
+            #expect(upstream.batchSizes == [100, 100])
+            #expect(upstream.calls("profile") == 0)
+            // Fresh now: answered at once, with no call.
+            #expect(try await client.get("/profiles/7").status == .ok)
+            #expect(upstream.calls("profiles") == 2)
+        }
+        #expect(fixture.metric("upstream_profile_batches_total") == 2)
+        #expect(fixture.metric("upstream_profile_batch_ids_total") == 200)
+    }
+
+    @Test func aLoneCoalescedMissIsLoadedWhenTheWindowEndsAndAFailureIs503() async throws {
+        let fixture = Fixture(latency: .seconds(1)) {
+            $0.profileBatchWindow = .milliseconds(2)
+            $0.fetchTimeout = .seconds(3_600)
+        }
+        let (clock, upstream) = (fixture.clock, fixture.upstream)
+        try await fixture.routes().test(.router) { client async throws in
+            for (id, down, status) in [(5, false, HTTPResponse.Status.ok), (6, true, .serviceUnavailable)] {
+                upstream.setDown(down)
+                let response = Locked<TestResponse?>(nil)
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    group.addTask {
+                        let answer = try await client.get("/profiles/\(id)")
+                        response.withLock { $0 = answer }
+                    }
+                    #expect(await advance(clock, until: { response.withLock { $0 } != nil }))
+                    try await group.waitForAll()
+                }
+                let answer = try #require(response.withLock { $0 })
+                #expect(answer.status == status)
+                if down { #expect(answer.headers[.retryAfter] == "1") }
+            }
+            #expect(upstream.batchSizes == [1, 1])
+            #expect(try await client.get("/profiles/abc").status == .badRequest)
+        }
+    }
+}
+
+/// A value shared by a test and the tasks it starts.
+private final class Locked<Value: Sendable>: Sendable {
+    private let value: Mutex<Value>
+    init(_ value: Value) { self.value = Mutex(value) }
+    func withLock<Result: Sendable>(_ body: (inout Value) -> Result) -> Result { value.withLock { body(&$0) } }
+}
+
+/// Advances `clock` by `step` at a time until `done` (at most `limit` steps); returns whether it is.
+/// For requests whose handlers run on threads the clock does not watch: each reaches its sleeps
+/// whenever its thread runs, and is woken by a later step.
+private func advance(
+    _ clock: VirtualClock, by step: Duration = .milliseconds(100), until done: () -> Bool, limit: Int = 100_000
+) async -> Bool {
+    for _ in 0..<limit {
+        if done() { return true }
+        await clock.advance(by: step)
+        await Task.yield()
+    }
+    return done()
 }

@@ -19,6 +19,7 @@ final class ScriptedUpstream: Upstream {
         var configVersion = 1
         var calls: [String: Int] = [:]
         var cancelled: [String: Int] = [:]
+        var batchSizes: [Int] = []
     }
 
     let clock: VirtualClock
@@ -48,6 +49,16 @@ final class ScriptedUpstream: Upstream {
         guard id <= 1_000_000 else { throw UpstreamError.notFound }
         return Profile(id: id, name: "user \(id)")
     }
+
+    func profiles(_ ids: [Int]) async throws -> [Int: Profile] {
+        script.withLock { $0.batchSizes.append(ids.count) }
+        _ = try await call("profiles")
+        return Dictionary(
+            uniqueKeysWithValues: ids.filter { $0 <= 1_000_000 }.map { ($0, Profile(id: $0, name: "user \($0)")) })
+    }
+
+    /// The number of ids each batch call asked for, in order.
+    var batchSizes: [Int] { script.withLock { $0.batchSizes } }
 
     private func call(_ name: String) async throws -> Int {
         let latency = script.withLock { script in
@@ -93,7 +104,7 @@ struct Fixture {
         catalog = Catalog(
             settings: settings, upstream: upstream, clock: clock,
             observer: MetricsObserver(factory: PrometheusMetricsFactory(registry: registry)), tenantStore: tenantStore,
-            bus: bus)
+            bus: bus, metrics: PrometheusMetricsFactory(registry: registry))
     }
 
     /// The token the fixture's writes present (``TestClientProtocol/put(_:_:)``).
