@@ -35,15 +35,16 @@ struct World: Sendable {
     }
 
     /// Whether `condition` holds within two seconds of real time, polling — on a virtual clock after
-    /// letting its work settle each time.
+    /// letting its work settle each time (and, if `advancing`, after moving time a unit on).
     ///
     /// Even in virtual time a deinit may come a moment after the clock has settled: an owner that is
     /// an actor runs on the global executor, out of the clock's sight, and the job that last ran it
-    /// holds it until that job ends.
-    func eventually(_ condition: @Sendable () -> Bool) async -> Bool {
+    /// holds it until that job ends. Likewise such an owner's loop may reach its next sleep after an
+    /// advance has gone by: `advancing` moves time on until the loop has come round.
+    func eventually(advancing: Bool = false, _ condition: @Sendable () -> Bool) async -> Bool {
         let deadline = ContinuousClock.now + .seconds(2)
         repeat {
-            if kind == .virtual { await virtual.settle() }
+            if kind == .virtual { advancing ? await virtual.advance(by: unit) : await virtual.settle() }
             if condition() { return true }
             try? await ContinuousClock().sleep(for: .milliseconds(2))
         } while ContinuousClock.now < deadline
@@ -274,7 +275,7 @@ final class SendableClassOwner: SelfCapturingOwner {
         case .afterRunEvery:
             let runner = world.task { [owner] in try await owner!.refreshForever(every: world.unit) }
             await world.pass(3)
-            #expect(await world.eventually { script.calls >= 2 }, comment)
+            #expect(await world.eventually(advancing: true) { script.calls >= 2 }, comment)
             runner.cancel()
             try await runner.value
         case .afterStaleWhileRevalidate:
