@@ -13,18 +13,18 @@
 /// displaced ones'). Hashes stand for keys: two keys with the same hash are one key here, which only
 /// ever moves the boundary by one entry more or less. Made at the first eviction, sized for the
 /// entries held then (a family below its capacity never evicts, and pays nothing for it).
-@usableFromInline struct EvictionHistory {
+struct EvictionHistory {
     /// The remembered hashes: the refused keys' ring, then the displaced keys' ring.
-    @usableFromInline var hashes: [Int]
+    private var hashes: [Int]
     /// Where each ring writes next (a position in `0..<limit`).
-    @usableFromInline var next = (refused: 0, displaced: 0)
+    private var next = (refused: 0, displaced: 0)
     /// The ring position of each remembered hash.
-    @usableFromInline var index = SlotIndex()
+    private var index = SlotIndex()
     /// How many keys each side remembers.
-    @usableFromInline let limit: Int
+    let limit: Int
 
     /// A history that remembers `limit` (at least one) keys of each side.
-    @usableFromInline init(limit: Int) {
+    init(limit: Int) {
         self.limit = max(1, limit)
         hashes = Array(repeating: 0, count: self.limit * 2)
     }
@@ -34,11 +34,11 @@
     /// window does not grow for reuse that far apart. Measured on the real traces (Benchmarks/README.md,
     /// "Why the code is shaped so"): from a hundredth to a tenth of the entries did as well; a quarter
     /// and more did worse (they remember mistakes too old to say anything about the traffic now).
-    @usableFromInline static func limit(forEntries entries: Int) -> Int { max(1, entries / 10) }
+    static func limit(forEntries entries: Int) -> Int { max(1, entries / 10) }
 
     /// Remembers the key with `hash`, evicted: refused at admission if `refused`, else displaced from
     /// main. Its side's oldest key is forgotten if that side is full.
-    @usableFromInline mutating func remember(_ hash: Int, refused: Bool) {
+    mutating func remember(_ hash: Int, refused: Bool) {
         let position = refused ? next.refused : limit + next.displaced
         if refused { next.refused = (next.refused + 1) % limit } else { next.displaced = (next.displaced + 1) % limit }
         // Forget what was at the position (nothing if it was taken back already).
@@ -52,12 +52,12 @@
 
     /// Whether the key with `hash` was remembered, and on which side (`true`: refused); it is
     /// forgotten (one return counts once). `nil` for a key not remembered.
-    @usableFromInline mutating func takeBack(_ hash: Int) -> Bool? {
+    mutating func takeBack(_ hash: Int) -> Bool? {
         guard let position = index.find(hash, where: { hashes[Int($0)] == hash }) else { return nil }
         index.remove(hash, position: position)
         return Int(position) < limit
     }
 
     /// The bytes the history holds (by capacity).
-    @usableFromInline var bufferBytes: Int { bytes(of: hashes) + bytes(of: index.buckets) }
+    var bufferBytes: Int { bytes(of: hashes) + bytes(of: index.buckets) }
 }

@@ -25,14 +25,14 @@ struct FrequencySketch {
     @usableFromInline var counted = 0
     @usableFromInline let sampleSize: Int
     /// The most entries the sketch is ever sized for: the cache's capacity.
-    @usableFromInline let maximumCapacity: Int
+    let maximumCapacity: Int
 
     /// The entries a new sketch has room for.
-    @usableFromInline static var minimumCapacity: Int { 16 }
+    static var minimumCapacity: Int { 16 }
 
     /// A sketch for a cache of at most `capacity` entries, sized for ``minimumCapacity`` of them
     /// until it grows.
-    @usableFromInline init(capacity: Int) {
+    init(capacity: Int) {
         maximumCapacity = max(capacity, Self.minimumCapacity)
         words = Array(repeating: 0, count: Self.minimumCapacity)
         blockMask = Self.minimumCapacity / 8 - 1
@@ -42,23 +42,23 @@ struct FrequencySketch {
     /// How many uses are counted between two halvings: ten times the capacity (saturating), from the
     /// start. Counts only matter once the cache is full, and the sketch is full-sized by then; a
     /// smaller sample while it grows would age what it learned while the cache filled.
-    @usableFromInline static func sampleSize(for capacity: Int) -> Int {
+    static func sampleSize(for capacity: Int) -> Int {
         let (size, overflow) = capacity.multipliedReportingOverflow(by: 10)
         return overflow ? .max : size
     }
 
     /// How many entries the sketch is sized for now (a counter of each row per entry).
-    @usableFromInline var sizedFor: Int { words.count }
+    var sizedFor: Int { words.count }
 
     /// How many times the entries held the sketch is sized for while it grows: a sketch no larger
     /// than the entries would count the uses seen while the cache fills with many collisions, and
     /// its estimates would carry them once it is full-sized.
-    @usableFromInline static var headroom: Int { 4 }
+    static var headroom: Int { 4 }
 
     /// Grows the sketch, doubling it, until it is sized for ``headroom`` times `count` entries, or
     /// for the capacity. Amortized O(1) per entry; the counts are kept (see the type's
     /// documentation).
-    @usableFromInline mutating func grow(toHold count: Int) {
+    mutating func grow(toHold count: Int) {
         let target = min(count.multipliedReportingOverflow(by: Self.headroom).partialValue, maximumCapacity)
         while sizedFor < target, sizedFor <= Int.max / 4 {
             words.append(contentsOf: words)

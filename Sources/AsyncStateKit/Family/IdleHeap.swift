@@ -14,9 +14,9 @@
     }
 
     /// The heap.
-    @usableFromInline var heap: [Node] = []
+    private(set) var heap: [Node] = []
     /// Each slot's position in ``heap`` (-1 when it is not in it).
-    @usableFromInline var positions: [Int32] = []
+    private var positions: [Int32] = []
 
     /// The entry with the least lower bound, if any.
     @usableFromInline var root: Node? { heap.first }
@@ -51,7 +51,7 @@
 
     /// Moves the node at `position` up while it is older than its parent; returns where it ends.
     @discardableResult
-    @usableFromInline mutating func siftUp(_ position: Int) -> Int {
+    private mutating func siftUp(_ position: Int) -> Int {
         var position = position
         while position > 0 {
             let parent = (position - 1) / 2
@@ -63,7 +63,7 @@
     }
 
     /// Moves the node at `position` down while a child is older.
-    @usableFromInline mutating func siftDown(_ position: Int) {
+    private mutating func siftDown(_ position: Int) {
         var position = position
         while true {
             let (left, right) = (2 * position + 1, 2 * position + 2)
@@ -76,7 +76,7 @@
         }
     }
 
-    @usableFromInline mutating func swapNodes(_ a: Int, _ b: Int) {
+    private mutating func swapNodes(_ a: Int, _ b: Int) {
         heap.swapAt(a, b)
         positions[Int(heap[a].slot)] = Int32(a)
         positions[Int(heap[b].slot)] = Int32(b)

@@ -14,7 +14,7 @@ struct SlotIndex {
     @usableFromInline var buckets: [UInt64]
     @usableFromInline var mask: Int
     /// The number of keys.
-    @usableFromInline var count = 0
+    @usableFromInline private(set) var count = 0
 
     /// The number of buckets of a new index.
     @usableFromInline static var initialCount: Int { 1 }
@@ -96,19 +96,19 @@ struct SlotIndex {
     }
 
     /// How far from its home bucket `position`, a key's with `hash`, is (for tests); `nil` if absent.
-    @usableFromInline func distance(of hash: Int, position: Int32) -> Int? {
+    func distance(of hash: Int, position: Int32) -> Int? {
         let entry = Self.entry(hash, position)
         return bucket(holding: entry).map { ($0 - home(entry >> 32)) & mask }
     }
 
     /// The bucket of a key with `hash` at `position`: the half of the hash, then the position plus
     /// one (never 0, an empty bucket).
-    @usableFromInline static func entry(_ hash: Int, _ position: Int32) -> UInt64 {
+    private static func entry(_ hash: Int, _ position: Int32) -> UInt64 {
         tag(hash) << 32 | UInt64(UInt32(bitPattern: position &+ 1))
     }
 
     /// The bucket that holds `entry`, or `nil`.
-    @usableFromInline func bucket(holding entry: UInt64) -> Int? {
+    private func bucket(holding entry: UInt64) -> Int? {
         var bucket = home(entry >> 32)
         while buckets[bucket] != entry {
             if buckets[bucket] == 0 { return nil }
@@ -118,14 +118,14 @@ struct SlotIndex {
     }
 
     /// Puts `entry` in the first empty bucket from its home.
-    @usableFromInline mutating func place(_ entry: UInt64) {
+    private mutating func place(_ entry: UInt64) {
         var bucket = home(entry >> 32)
         while buckets[bucket] != 0 { bucket = (bucket + 1) & mask }
         buckets[bucket] = entry
     }
 
     /// Doubles the table.
-    @usableFromInline mutating func grow() {
+    private mutating func grow() {
         let old = buckets
         buckets = Array(repeating: 0, count: old.count * 2)
         mask = buckets.count - 1

@@ -56,9 +56,9 @@ struct TinyLFUPolicy {
     @usableFromInline var windowLimit: Int
     @usableFromInline var protectedLimit: Int
     /// The capacity the lists share.
-    @usableFromInline let capacity: Int
+    let capacity: Int
     /// The keys evicted lately, which size the window; made at the first eviction.
-    @usableFromInline var history: EvictionHistory?
+    var history: EvictionHistory?
     @usableFromInline var sketch: FrequencySketch
     /// The hits noted since the policy last applied them (the first `pendingReads` slots, and their
     /// keys' hashes), and every hit since then, noted or not. Allocated with the first entry.
@@ -83,11 +83,11 @@ struct TinyLFUPolicy {
     static func node(_ slot: Int32) -> Int { Int(slot) &+ 3 }
 
     /// The slot of the entry at node `node`.
-    @usableFromInline static func slot(_ node: Int32) -> Int32 { node - 3 }
+    static func slot(_ node: Int32) -> Int32 { node - 3 }
 
     /// Makes what only a policy with entries needs: the sentinels and the read buffer. Called with
     /// the first entry, so that an empty shard's memory does not depend on its capacity.
-    @usableFromInline mutating func prepare() {
+    private mutating func prepare() {
         for segment in [Segment.window, .probation, .protected] {
             var sentinel = Node()
             (sentinel.newer, sentinel.older, sentinel.segment) = (
@@ -200,7 +200,7 @@ struct TinyLFUPolicy {
     // MARK: The adaptive window
 
     /// The most entries protected holds beside a window of `window` (80 % of the rest).
-    @usableFromInline static func protectedLimit(capacity: Int, window: Int) -> Int {
+    static func protectedLimit(capacity: Int, window: Int) -> Int {
         // In Int128: 8 × a capacity near `Int.max` would overflow.
         Int(Int128(capacity - window) * 8 / 10)
     }
@@ -209,7 +209,7 @@ struct TinyLFUPolicy {
     /// A smaller window's least recently used entries go to probation (the newest there); a larger
     /// window takes main's least recently used entries (probation's, then protected's), so that it
     /// is full at once. Protected, whose limit follows, demotes its own to probation.
-    @usableFromInline mutating func resizeWindow(by change: Int) {
+    mutating func resizeWindow(by change: Int) {
         let limit = min(max(1, windowLimit + change), max(1, capacity - 1))
         guard limit != windowLimit, !nodes.isEmpty else { return }
         windowLimit = limit
@@ -253,9 +253,7 @@ struct TinyLFUPolicy {
     }
 
     /// Whether list `segment` holds no entry.
-    @usableFromInline func isEmpty(_ segment: Segment) -> Bool {
-        nodes[segment.sentinel].newer == Int32(segment.sentinel)
-    }
+    func isEmpty(_ segment: Segment) -> Bool { nodes[segment.sentinel].newer == Int32(segment.sentinel) }
 
     /// Puts the entry at `node` at the most recent end of list `segment`.
     @inlinable

@@ -10,7 +10,7 @@
 @usableFromInline final class WeightLedger: Sendable {
     /// The most the entries may weigh together (never negative).
     @usableFromInline let maximum: Int
-    @usableFromInline let total = LockedValue<Int128>(0)
+    private let total = LockedValue<Int128>(0)
 
     @usableFromInline init(maximum: Int) {
         self.maximum = max(0, maximum)

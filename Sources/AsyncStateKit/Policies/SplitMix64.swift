@@ -1,7 +1,7 @@
 /// A small, fast, seedable random number generator (SplitMix64): the same seed gives the same
 /// sequence on every run and platform, so randomized schedules and tests replay exactly.
 @usableFromInline package struct SplitMix64: RandomNumberGenerator, Sendable {
-    @usableFromInline var state: UInt64
+    private var state: UInt64
 
     /// Creates a generator whose sequence is fixed by `seed`.
     @usableFromInline package init(seed: UInt64) {
