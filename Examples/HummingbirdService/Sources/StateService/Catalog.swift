@@ -157,7 +157,7 @@ public final class Catalog: Sendable {
     /// answered at once. Throws ``AsyncStateKit/AsyncStateError/missingFromBatch`` for an unknown id.
     func coalescedProfile(_ id: Int) async throws -> Profile {
         try await profiles.value(for: id, batchWindow: profileBatch.window, maxBatchSize: profileBatch.size) {
-            [upstream, profileBatches, profileBatchIDs] ids in
+            [self] ids in
             profileBatches.increment()
             profileBatchIDs.increment(by: ids.count)
             return try await upstream.profiles(ids)
