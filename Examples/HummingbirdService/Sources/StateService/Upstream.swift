@@ -90,14 +90,19 @@ public struct SimulatedUpstream<C: Clock<Duration>>: Upstream {
 
     public func profile(_ id: Int) async throws -> Profile {
         try await clock.sleep(for: latency)
-        guard (0...1_000_000).contains(id) else { throw UpstreamError.notFound }
-        return Profile(id: id, name: "user \(id)")
+        guard let profile = Self.profile(id) else { throw UpstreamError.notFound }
+        return profile
     }
 
     public func profiles(_ ids: [Int]) async throws -> [Int: Profile] {
         try await clock.sleep(for: latency)
         var profiles: [Int: Profile] = [:]
-        for id in ids where (0...1_000_000).contains(id) { profiles[id] = Profile(id: id, name: "user \(id)") }
+        for id in ids { profiles[id] = Self.profile(id) }
         return profiles
+    }
+
+    /// The profile of user `id`, or `nil` if there is no such user.
+    private static func profile(_ id: Int) -> Profile? {
+        (0...1_000_000).contains(id) ? Profile(id: id, name: "user \(id)") : nil
     }
 }

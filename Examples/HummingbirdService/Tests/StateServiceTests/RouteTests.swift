@@ -4,7 +4,6 @@ import Foundation
 import HTTPTypes
 import Hummingbird
 import HummingbirdTesting
-import Synchronization
 import Testing
 
 @testable import StateService
@@ -143,23 +142,13 @@ import Testing
         try await fixture.routes().test(.router) { client async throws in
             // 200 distinct ids (one unknown), and 20 more requests for ids already asked.
             let ids = Array(0..<199) + [2_000_000] + Array(0..<20)
-            let answered = Locked(0)
-            try await withThrowingTaskGroup(of: (Int, TestResponse).self) { group in
-                for id in ids {
-                    group.addTask {
-                        let response = try await client.get("/profiles/\(id)")
-                        answered.withLock { $0 += 1 }
-                        return (id, response)
-                    }
-                }
-                #expect(await advance(clock, until: { answered.withLock { $0 } == ids.count }))
-                for try await (id, response) in group {
-                    if id == 2_000_000 {
-                        #expect(response.status == .notFound)
-                    } else {
-                        #expect(response.status == .ok)
-                        #expect(response.text.contains("user \(id)"))
-                    }
+            let responses = try await getAll(ids.map { "/profiles/\($0)" }, from: client, advancing: clock)
+            for (id, response) in zip(ids, responses) {
+                if id == 2_000_000 {
+                    #expect(response.status == .notFound)
+                } else {
+                    #expect(response.status == .ok)
+                    #expect(response.text.contains("user \(id)"))
                 }
             }
             #expect(upstream.calls("profiles") == 2)
@@ -182,16 +171,7 @@ import Testing
         try await fixture.routes().test(.router) { client async throws in
             for (id, down, status) in [(5, false, HTTPResponse.Status.ok), (6, true, .serviceUnavailable)] {
                 upstream.setDown(down)
-                let response = Locked<TestResponse?>(nil)
-                try await withThrowingTaskGroup(of: Void.self) { group in
-                    group.addTask {
-                        let answer = try await client.get("/profiles/\(id)")
-                        response.withLock { $0 = answer }
-                    }
-                    #expect(await advance(clock, until: { response.withLock { $0 } != nil }))
-                    try await group.waitForAll()
-                }
-                let answer = try #require(response.withLock { $0 })
+                let answer = try await getAll(["/profiles/\(id)"], from: client, advancing: clock)[0]
                 #expect(answer.status == status)
                 if down { #expect(answer.headers[.retryAfter] == "1") }
             }
@@ -199,25 +179,4 @@ import Testing
             #expect(try await client.get("/profiles/abc").status == .badRequest)
         }
     }
-}
-
-/// A value shared by a test and the tasks it starts.
-private final class Locked<Value: Sendable>: Sendable {
-    private let value: Mutex<Value>
-    init(_ value: Value) { self.value = Mutex(value) }
-    func withLock<Result: Sendable>(_ body: (inout Value) -> Result) -> Result { value.withLock { body(&$0) } }
-}
-
-/// Advances `clock` by `step` at a time until `done` (at most `limit` steps); returns whether it is.
-/// For requests whose handlers run on threads the clock does not watch: each reaches its sleeps
-/// whenever its thread runs, and is woken by a later step.
-private func advance(
-    _ clock: VirtualClock, by step: Duration = .milliseconds(100), until done: () -> Bool, limit: Int = 100_000
-) async -> Bool {
-    for _ in 0..<limit {
-        if done() { return true }
-        await clock.advance(by: step)
-        await Task.yield()
-    }
-    return done()
 }

@@ -7,6 +7,7 @@ import HummingbirdTesting
 import Logging
 import Prometheus
 import Synchronization
+import Testing
 
 @testable import StateService
 
@@ -46,15 +47,21 @@ final class ScriptedUpstream: Upstream {
 
     func profile(_ id: Int) async throws -> Profile {
         _ = try await call("profile")
-        guard id <= 1_000_000 else { throw UpstreamError.notFound }
-        return Profile(id: id, name: "user \(id)")
+        guard let profile = Self.profile(id) else { throw UpstreamError.notFound }
+        return profile
     }
 
     func profiles(_ ids: [Int]) async throws -> [Int: Profile] {
         script.withLock { $0.batchSizes.append(ids.count) }
         _ = try await call("profiles")
-        return Dictionary(
-            uniqueKeysWithValues: ids.filter { $0 <= 1_000_000 }.map { ($0, Profile(id: $0, name: "user \($0)")) })
+        var profiles: [Int: Profile] = [:]
+        for id in ids { profiles[id] = Self.profile(id) }
+        return profiles
+    }
+
+    /// The profile of user `id`, or `nil` above 1,000,000 (unknown ids).
+    private static func profile(_ id: Int) -> Profile? {
+        id <= 1_000_000 ? Profile(id: id, name: "user \(id)") : nil
     }
 
     /// The number of ids each batch call asked for, in order.
@@ -172,4 +179,33 @@ final class LockedBox<Value: Sendable>: Sendable {
     init(_ value: Value) { storage = Mutex(value) }
     var value: Value { storage.withLock { $0 } }
     func set(_ value: Value) { storage.withLock { $0 = value } }
+    func update(_ change: (inout Value) -> Void) { storage.withLock { change(&$0) } }
+}
+
+/// GETs every one of `uris` at once and moves `clock` on in steps of `step`, letting other threads
+/// run between them, until each has its answer (at most `steps` steps): for handlers that run on
+/// threads the clock does not watch, beside other sleepers, so that each reaches its sleeps whenever
+/// its thread runs and is woken by a later step. Returns the answers in the order of `uris`.
+func getAll(
+    _ uris: [String], from client: any TestClientProtocol, advancing clock: VirtualClock,
+    by step: Duration = .milliseconds(100), steps: Int = 100
+) async throws -> [TestResponse] {
+    let answered = LockedBox(0)
+    return try await withThrowingTaskGroup(of: (Int, TestResponse).self) { group in
+        for (index, uri) in uris.enumerated() {
+            group.addTask {
+                let response = try await client.get(uri)
+                answered.update { $0 += 1 }
+                return (index, response)
+            }
+        }
+        for _ in 0..<steps where answered.value < uris.count {
+            await clock.advance(by: step)
+            _ = await eventually(yields: 10_000) { answered.value == uris.count }
+        }
+        #expect(answered.value == uris.count, "answered \(answered.value) of \(uris.count) within \(steps) steps")
+        var responses = [TestResponse?](repeating: nil, count: uris.count)
+        for try await (index, response) in group { responses[index] = response }
+        return responses.map { $0! }
+    }
 }
