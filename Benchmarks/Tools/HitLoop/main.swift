@@ -13,6 +13,8 @@ import AsyncStateKit
 
 let mode = CommandLine.arguments.dropFirst().first ?? "family"
 let keys = CommandLine.arguments.dropFirst(2).first.flatMap(Int.init) ?? 1_000
+/// How many misses the miss modes make (a third argument; fewer for `valgrind --tool=callgrind`).
+let misses = CommandLine.arguments.dropFirst(3).first.flatMap(Int.init) ?? 1_000_000
 
 /// The shape of Hummingbird's `MemoryPersistDriver`: an actor's dictionary of values with their
 /// expiry instants.
@@ -61,12 +63,12 @@ func run() async throws {
         for _ in 0..<rounds { for _ in order { sum &+= try await state.value { 1 } } }
     case "miss":
         let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
-        (rounds, order) = (1, Array(0..<1_000_000))
+        (rounds, order) = (1, Array(0..<misses))
         start = .now
         for key in order { sum &+= try await family.value(for: key) { $0 } }
     case "miss-actor":
         let cache = TaskCache()
-        (rounds, order) = (1, Array(0..<1_000_000))
+        (rounds, order) = (1, Array(0..<misses))
         start = .now
         for key in order { sum &+= try await cache.value(for: key) { key } }
     case "dictionary":

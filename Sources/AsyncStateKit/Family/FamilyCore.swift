@@ -191,7 +191,10 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     /// How `key`'s store reports, if the family has an observer.
     @inlinable func observation(of key: Key) -> Observation? {
-        observer.map { Observation(name: $0.name, key: String(describing: key), observer: $0.observer) }
+        // `isObserved` first: reading `observer` copies an optional existential, a cost every miss
+        // paid without an observer.
+        guard isObserved else { return nil }
+        return observer.map { Observation(name: $0.name, key: String(describing: key), observer: $0.observer) }
     }
 
     // MARK: Using an entry

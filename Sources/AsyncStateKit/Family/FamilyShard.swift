@@ -148,7 +148,10 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// Whether the entry at `slot` is in use: never evicted nor dropped as idle then.
-    @inlinable func isBusy(_ slot: Int) -> Bool {
+    @inlinable func isBusy(_ slot: Int) -> Bool { Self.isBusy(slot, table: table, users: users) }
+
+    /// ``isBusy(_:)`` from the two tables it reads, for closures that must not capture the shard.
+    @inlinable static func isBusy(_ slot: Int, table: Table, users: [Int32]) -> Bool {
         users[slot] > 0 || table.records[table.at(slot)].store?.isBusy == true
     }
 
@@ -335,8 +338,16 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// `sparing` (an entry just made or written, whose caller expects to find it).
     @inlinable mutating func evictOne(sparing: Key? = nil, into removed: inout [Removed]) -> Bool {
         policy.applyReads()
-        let chosen = policy.victim(
-            where: { table.key(at: Int($0)) != sparing && !isBusy(Int($0)) }, hash: { table.hash(at: Int($0)) })
+        let chosen: (slot: Int32, refused: Bool)?
+        do {
+            // The closures read copies of the two tables (references, not their storage): capturing
+            // `self` while `policy` is being read made the compiler copy the whole shard for each call.
+            // The copies end here, before `remove` writes to the tables.
+            let (table, users) = (table, users)
+            chosen = policy.victim(
+                where: { table.key(at: Int($0)) != sparing && !Self.isBusy(Int($0), table: table, users: users) },
+                hash: { table.hash(at: Int($0)) })
+        }
         guard let (slot, refused) = chosen else { return false }
         removed.append(Removed(key: table.key(at: Int(slot)), value: value(at: Int(slot)), reason: .evicted))
         policy.evicted(table.hash(at: Int(slot)), refused: refused, entries: table.count)
