@@ -112,6 +112,12 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///     flight. A refresh that fails leaves the data fresh until its own expiry, and the next hit
     ///     tries again (not within `failureExpiry`). `nil` (the default), zero or less, or not shorter
     ///     than `expiry`: off.
+    ///   - maxStaleAge: Fail-safe: when a fetch fails (after its retries, or timed out), its callers
+    ///     get the last good value instead of the error if that value arrived (fetched or ``set(_:)``)
+    ///     less than this long ago; so do the callers answered from `failureExpiry` meanwhile. The
+    ///     phase is the failure, the value stale; past this age the error is thrown. Pair it with a
+    ///     short `failureExpiry`, which keeps a dead source from being called by every request. See
+    ///     <doc:WhenTheSourceIsDown>. `nil` (the default), zero or less: off.
     ///   - isEmpty: Decides whether a fetched value is ``AsyncPhase/empty``. Without it, a value is
     ///     never empty (collections and optionals have their own initializers).
     ///   - name: What the state reports as to `observer` (a log's metadata, a metric's label).
@@ -126,18 +132,19 @@ public struct AsyncState<Value: Sendable>: Sendable {
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
+        maxStaleAge: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         name: String = "",
         observer: (any AsyncStateObserver)? = nil
     ) {
         self.init(
-            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate, refreshAfter,
+            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate, refreshAfter, maxStaleAge,
             name: name, observer: observer, isEmpty: isEmpty ?? { _ in false })
     }
 
     /// Creates a state holding a collection; an empty collection is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:name:observer:)-8otjj``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:name:observer:)-1t7x8``;
     /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
     public init(
         wrappedValue: Value,
@@ -148,18 +155,19 @@ public struct AsyncState<Value: Sendable>: Sendable {
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
+        maxStaleAge: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         name: String = "",
         observer: (any AsyncStateObserver)? = nil
     ) where Value: Collection {
         self.init(
-            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate, refreshAfter,
+            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate, refreshAfter, maxStaleAge,
             name: name, observer: observer, isEmpty: isEmpty ?? { $0.isEmpty })
     }
 
     /// Creates a state holding an optional; `nil` is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:name:observer:)-8otjj``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:name:observer:)-1t7x8``;
     /// `isEmpty` overrides `== nil` as the emptiness test.
     public init<Wrapped: Sendable>(
         wrappedValue: Value,
@@ -170,12 +178,13 @@ public struct AsyncState<Value: Sendable>: Sendable {
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
+        maxStaleAge: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         name: String = "",
         observer: (any AsyncStateObserver)? = nil
     ) where Value == Wrapped? {
         self.init(
-            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate, refreshAfter,
+            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate, refreshAfter, maxStaleAge,
             name: name, observer: observer, isEmpty: isEmpty ?? { $0 == nil })
     }
 
@@ -183,11 +192,12 @@ public struct AsyncState<Value: Sendable>: Sendable {
     private init(
         _ initialValue: Value, _ expiry: Duration, _ clock: some Clock<Duration>, _ retry: RetryPolicy,
         _ timeout: Duration?, _ failureExpiry: Duration, _ staleWhileRevalidate: Bool, _ refreshAfter: Duration?,
-        name: String, observer: (any AsyncStateObserver)?, isEmpty: @escaping @Sendable (Value) -> Bool
+        _ maxStaleAge: Duration?, name: String, observer: (any AsyncStateObserver)?,
+        isEmpty: @escaping @Sendable (Value) -> Bool
     ) {
         let configuration = StoreConfiguration(
             expiry: expiry, failureExpiry: failureExpiry, isEmpty: isEmpty, retry: retry, timeout: timeout,
-            staleWhileRevalidate: staleWhileRevalidate, refreshAfter: refreshAfter)
+            staleWhileRevalidate: staleWhileRevalidate, refreshAfter: refreshAfter, maxStaleAge: maxStaleAge)
         store = AsyncStateStore(
             initialValue: initialValue, configuration: configuration, clock: StoreClock(clock),
             observation: observer.map { Observation(name: name, key: nil, observer: $0) })

@@ -61,6 +61,12 @@ public struct AsyncStateEvent: Sendable {
         /// ``Reason/background`` follows when this caller started that fetch). Not a hit: a hit is
         /// fresh data, so stale serves are counted apart, and rise exactly when the source struggles.
         case servedStale
+        /// A caller got the last good value instead of `error`, by fail-safe (`maxStaleAge:`): the
+        /// fetch it waited for failed with `error`, or `error` was answered from the failure expiry,
+        /// and the value was younger than the maximum stale age. The value is stale: the snapshot's
+        /// phase is the failure. Counted apart from hits and ``servedStale``: they rise while the
+        /// source is down.
+        case failSafe(error: any Error)
         /// A caller joined the fetch in flight.
         case joined
         /// A fetch started, for this reason.

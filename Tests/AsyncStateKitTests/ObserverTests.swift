@@ -14,6 +14,7 @@ final class EventLog: AsyncStateObserver {
         switch event.kind {
         case .hit: kind = "hit"
         case .servedStale: kind = "servedStale"
+        case .failSafe(let error): kind = "failSafe(\(type(of: error)))"
         case .joined: kind = "joined"
         case .started(let reason): kind = "started(\(reason))"
         case .attemptFailed(let error, let attempt, let retryIn):

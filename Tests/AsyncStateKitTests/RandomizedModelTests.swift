@@ -24,12 +24,16 @@ struct ReferenceModel {
 
     static let initialValue = -1
     let expiry: Duration
+    /// Fail-safe: a failed flight's waiters get the value if it arrived less than this long ago.
+    var maxStaleAge: Duration? = nil
 
     var now: Duration = .zero
     var value = initialValue
     var phase = "initial"
     var successAt: Duration?
     var freshSince: Duration?
+    /// When the value arrived (a success or a write); `nil` while there is none.
+    var receivedAt: Duration?
     var flight: Flight?
     /// Callers' outcomes: "value(n)", "failed", "cancelled" (value callers) or "done" (others).
     var outcomes: [Int: String] = [:]
@@ -88,6 +92,7 @@ struct ReferenceModel {
         phase = newValue == 0 ? "empty" : "success"
         successAt = newValue == 0 ? nil : now
         freshSince = now
+        receivedAt = now
     }
 
     mutating func invalidate() {
@@ -107,6 +112,7 @@ struct ReferenceModel {
         phase = "initial"
         successAt = nil
         freshSince = nil
+        receivedAt = nil
     }
 
     mutating func cancelCaller(_ caller: Int) {
@@ -130,12 +136,14 @@ struct ReferenceModel {
                 phase = "failure"
                 successAt = nil
                 freshSince = nil
-                for waiter in current.waiters { resolve(waiter, "failed") }
+                let answered = maxStaleAge.flatMap { maxAge in receivedAt.map { now - $0 < maxAge } } ?? false
+                for waiter in current.waiters { resolve(waiter, answered ? "value(\(value))" : "failed") }
             } else {
                 value = current.operation.result
                 phase = value == 0 ? "empty" : "success"
                 successAt = value == 0 ? nil : now
                 freshSince = current.landsExpired ? nil : now
+                receivedAt = now
                 for waiter in current.waiters { resolve(waiter, "value(\(value))") }
             }
         }
@@ -150,12 +158,16 @@ struct ReferenceModel {
     static func runSequence(seed: UInt64, steps: Int) async -> String? {
         var random = SplitMix64(seed: seed)
         let clock = VirtualClock()
+        // Fail-safe in a third of the sequences, with a maximum stale age shorter than or beyond the
+        // expiry.
+        let maxStaleAge: Duration? = [nil, nil, .seconds(2), .seconds(6)][Int(random.next() % 4)]
         let state = AsyncState<Int>(
-            wrappedValue: ReferenceModel.initialValue, expiry: expiry, clock: clock, isEmpty: { $0 == 0 })
+            wrappedValue: ReferenceModel.initialValue, expiry: expiry, clock: clock, maxStaleAge: maxStaleAge,
+            isEmpty: { $0 == 0 })
         let running = LockedValue(0)
         let outcomes = LockedValue([Int: String]())
         var tasks: [Int: Task<Void, any Error>] = [:]
-        var model = ReferenceModel(expiry: expiry)
+        var model = ReferenceModel(expiry: expiry, maxStaleAge: maxStaleAge)
         var log: [String] = []
 
         func makeOperation() -> (ReferenceModel.Operation, @Sendable () async throws -> Int) {

@@ -67,12 +67,14 @@ import Testing
         let state = AsyncState<Int>(
             wrappedValue: -1, expiry: .seconds(2), clock: clock, retry: policies.retry, timeout: policies.timeout,
             failureExpiry: policies.failureExpiry, staleWhileRevalidate: policies.staleWhileRevalidate,
-            refreshAfter: policies.refreshAfter, isEmpty: isEmpty, observer: records.state)
+            refreshAfter: policies.refreshAfter, maxStaleAge: policies.maxStaleAge, isEmpty: isEmpty,
+            observer: records.state)
         func family(_ record: Record) -> AsyncStateFamily<Int, Int> {
             AsyncStateFamily(
                 expiry: .seconds(2), clock: clock, retry: policies.retry, timeout: policies.timeout,
                 failureExpiry: policies.failureExpiry, staleWhileRevalidate: policies.staleWhileRevalidate,
-                refreshAfter: policies.refreshAfter, isEmpty: isEmpty, observer: record)
+                refreshAfter: policies.refreshAfter, maxStaleAge: policies.maxStaleAge, isEmpty: isEmpty,
+                observer: record)
         }
         let (resting, live) = (family(records.resting), family(records.live))
         let key = 7

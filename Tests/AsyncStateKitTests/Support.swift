@@ -113,6 +113,7 @@ struct RandomPolicies: CustomStringConvertible {
     var staleWhileRevalidate: Bool
     var refreshAfter: Duration?
     var failureExpiry: Duration
+    var maxStaleAge: Duration?
 
     init(_ random: inout SplitMix64) {
         retry = random.next() % 2 == 0 ? .never : .exponential(maxAttempts: 3, initial: .milliseconds(500), seed: 1)
@@ -120,10 +121,12 @@ struct RandomPolicies: CustomStringConvertible {
         staleWhileRevalidate = random.next() % 3 == 0
         refreshAfter = random.next() % 3 == 0 ? .seconds(1) : nil
         failureExpiry = random.next() % 3 == 0 ? .seconds(1) : .zero
+        maxStaleAge = random.next() % 3 == 0 ? .seconds(3) : nil
     }
 
     var description: String {
         "retry \(retry.maxAttempts) timeout \(String(describing: timeout)) swr \(staleWhileRevalidate)"
             + " refreshAfter \(String(describing: refreshAfter)) failureExpiry \(failureExpiry)"
+            + " maxStaleAge \(String(describing: maxStaleAge))"
     }
 }

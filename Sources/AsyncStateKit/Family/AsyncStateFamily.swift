@@ -86,6 +86,9 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ///   - staleWhileRevalidate: Serve a key's stale value at once and refresh it in the background.
     ///   - refreshAfter: Refresh ahead: a hit on a key's data at least this old, but still fresh,
     ///     returns it and starts one background refresh (see ``AsyncState``).
+    ///   - maxStaleAge: Fail-safe: a key's callers get its last good value instead of a failure while
+    ///     that value is younger than this (see ``AsyncState`` and <doc:WhenTheSourceIsDown>).
+    ///     `nil` (the default), zero or less: off.
     ///   - isEmpty: Decides whether a fetched value is ``AsyncPhase/empty``. Defaults to never;
     ///     a family of collections or of optionals has its own initializers, whose default is the
     ///     one ``AsyncState`` has (an empty collection, `nil`).
@@ -107,6 +110,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
+        maxStaleAge: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
@@ -114,7 +118,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ) {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
-            staleWhileRevalidate, refreshAfter, onRemoval, name, observer,
+            staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
             isEmpty: isEmpty ?? { _ in false })
     }
 
@@ -122,7 +126,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// ``AsyncState`` of a collection.
     ///
     /// The parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-3gjif``;
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)-57a4w``;
     /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
     public init(
         expiry: Duration = .seconds(120),
@@ -136,6 +140,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
+        maxStaleAge: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
@@ -143,7 +148,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ) where Value: Collection {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
-            staleWhileRevalidate, refreshAfter, onRemoval, name, observer,
+            staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
             isEmpty: isEmpty ?? { $0.isEmpty })
     }
 
@@ -151,7 +156,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// of an optional.
     ///
     /// The parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-3gjif``;
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)-57a4w``;
     /// `isEmpty` overrides `== nil` as the emptiness test.
     public init<Wrapped: Sendable>(
         expiry: Duration = .seconds(120),
@@ -165,6 +170,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
+        maxStaleAge: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
@@ -172,7 +178,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ) where Value == Wrapped? {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
-            staleWhileRevalidate, refreshAfter, onRemoval, name, observer,
+            staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
             isEmpty: isEmpty ?? { $0 == nil })
     }
 
@@ -180,7 +186,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// ``set(_:for:)`` (beyond the capacity, the first ones are evicted).
     ///
     /// The other parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)-3gjif``.
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)-57a4w``.
     public init(
         wrappedValue: [Key: Value],
         expiry: Duration = .seconds(120),
@@ -194,6 +200,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
+        maxStaleAge: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
@@ -201,13 +208,13 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ) {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
-            staleWhileRevalidate, refreshAfter, onRemoval, name, observer,
+            staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
             isEmpty: isEmpty ?? { _ in false })
         for (key, value) in wrappedValue { set(value, for: key) }
     }
 
     /// Creates a family of collections holding `wrappedValue`'s values, as
-    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)``
+    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)``
     /// does; an empty collection is ``AsyncPhase/empty``.
     public init(
         wrappedValue: [Key: Value],
@@ -222,6 +229,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
+        maxStaleAge: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
@@ -229,13 +237,13 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ) where Value: Collection {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
-            staleWhileRevalidate, refreshAfter, onRemoval, name, observer,
+            staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
             isEmpty: isEmpty ?? { $0.isEmpty })
         for (key, value) in wrappedValue { set(value, for: key) }
     }
 
     /// Creates a family of optionals holding `wrappedValue`'s values, as
-    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:isEmpty:onRemoval:name:observer:)``
+    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)``
     /// does; `nil` is ``AsyncPhase/empty``.
     public init<Wrapped: Sendable>(
         wrappedValue: [Key: Value],
@@ -250,6 +258,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
+        maxStaleAge: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
@@ -257,7 +266,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ) where Value == Wrapped? {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
-            staleWhileRevalidate, refreshAfter, onRemoval, name, observer,
+            staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
             isEmpty: isEmpty ?? { $0 == nil })
         for (key, value) in wrappedValue { set(value, for: key) }
     }
@@ -267,13 +276,14 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     private init(
         _ expiry: Duration, _ capacity: Int, _ maximumWeight: Int?, _ weigher: (@Sendable (Key, Value) -> Int)?,
         _ idleExpiry: Duration?, _ clock: some Clock<Duration>, _ retry: RetryPolicy, _ timeout: Duration?,
-        _ failureExpiry: Duration, _ staleWhileRevalidate: Bool, _ refreshAfter: Duration?,
+        _ failureExpiry: Duration, _ staleWhileRevalidate: Bool, _ refreshAfter: Duration?, _ maxStaleAge: Duration?,
         _ onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)?, _ name: String,
         _ observer: (any AsyncStateObserver)?, isEmpty: @escaping @Sendable (Value) -> Bool
     ) {
         let configuration = StoreConfiguration<Value?>(
             expiry: expiry, failureExpiry: failureExpiry, isEmpty: { $0.map(isEmpty) ?? false }, retry: retry,
-            timeout: timeout, staleWhileRevalidate: staleWhileRevalidate, refreshAfter: refreshAfter)
+            timeout: timeout, staleWhileRevalidate: staleWhileRevalidate, refreshAfter: refreshAfter,
+            maxStaleAge: maxStaleAge)
         core = FamilyCore(
             capacity: capacity, maximumWeight: maximumWeight, weigher: weigher, idleExpiry: idleExpiry,
             configuration: configuration, clock: StoreClock(clock), onRemoval: onRemoval, name: name,

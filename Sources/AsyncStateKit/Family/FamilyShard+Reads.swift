@@ -81,8 +81,8 @@ extension FamilyShard {
         let metadata = metadata[Int(table.records[position].slot)]!
         return Data(
             atRest: table.records[position].value, phase: metadata.phase, freshSince: table.records[position].freshness,
-            lastError: metadata.lastError, lastSuccess: metadata.lastSuccess, successCount: metadata.successCount,
-            restoredUntil: metadata.restoredUntil)
+            receivedAt: metadata.receivedAt, lastError: metadata.lastError, lastSuccess: metadata.lastSuccess,
+            successCount: metadata.successCount, restoredUntil: metadata.restoredUntil)
     }
 
     // MARK: Reads that are not uses

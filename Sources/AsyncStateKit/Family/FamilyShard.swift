@@ -45,6 +45,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         @usableFromInline var successCount: Int
         /// ``restoredUntil``, ``RecordTable/Record/notFresh`` for none.
         @usableFromInline var restoredUntilInstant: Duration
+        /// ``receivedAt``, ``RecordTable/Record/notFresh`` for none.
+        @usableFromInline var receivedInstant: Duration
 
         @inlinable init(_ data: Data) {
             phase = data.phase
@@ -52,6 +54,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
             lastSuccessSeconds = data.lastSuccess?.timeIntervalSinceReferenceDate ?? .nan
             successCount = data.successCount
             restoredUntilInstant = data.restoredUntil ?? Table.Record.notFresh
+            receivedInstant = data.receivedAt ?? Table.Record.notFresh
         }
 
         /// The wall date of the entry's last success, if any.
@@ -64,6 +67,12 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         @inlinable
         var restoredUntil: Duration? {
             restoredUntilInstant.attoseconds == Table.Record.notFresh.attoseconds ? nil : restoredUntilInstant
+        }
+
+        /// See ``StateData/receivedAt``.
+        @inlinable
+        var receivedAt: Duration? {
+            receivedInstant.attoseconds == Table.Record.notFresh.attoseconds ? nil : receivedInstant
         }
     }
 

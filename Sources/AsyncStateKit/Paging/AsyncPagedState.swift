@@ -69,6 +69,9 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
     ///   - timeout: The longest one attempt may take; `nil` for none.
     ///   - failureExpiry: How long a failed first page is answered without reading it again (see
     ///     ``AsyncState``); `loadMore` always reads.
+    ///   - maxStaleAge: Fail-safe: when reading the first page fails, callers get the list they had
+    ///     instead of the error while it is younger than this (see ``AsyncState``); a failed
+    ///     `loadMore` always throws. `nil` (the default), zero or less: off.
     ///   - maxPages: Keep only the most recent pages; `nil` for all. Values below 1 mean 1.
     ///   - name: What the state reports as to its `observer`.
     ///   - observer: Receives what the state does; a page appended is a fetch started with reason
@@ -80,13 +83,14 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
         retry: RetryPolicy = .never,
         timeout: Duration? = nil,
         failureExpiry: Duration = .zero,
+        maxStaleAge: Duration? = nil,
         maxPages: Int? = nil,
         name: String = "",
         observer: (any AsyncStateObserver)? = nil
     ) {
         let configuration = StoreConfiguration<AsyncPages<Item, Cursor>>(
             expiry: expiry, failureExpiry: failureExpiry, isEmpty: { $0.isEmptyListing }, retry: retry,
-            timeout: timeout, staleWhileRevalidate: false, refreshAfter: nil)
+            timeout: timeout, staleWhileRevalidate: false, refreshAfter: nil, maxStaleAge: maxStaleAge)
         store = Store(
             initialValue: AsyncPages(), configuration: configuration, clock: StoreClock(clock),
             observation: observer.map { Observation(name: name, key: nil, observer: $0) })

@@ -251,6 +251,9 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
                 return .value(value, started: attempt.id)
             case .fail(let error):
                 throw error
+            case .failSafe(let value, let error):
+                record(.failSafe(error: error), in: &effects)
+                return .value(value, started: nil)
             case .join:
                 record(.joined, in: &effects)
             case .start(let attempt, let replaced):
@@ -433,7 +436,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         case .start(let attempt, let cancel):
             effects.cancel(cancel)
             start(attempt, at: now, in: &core, &effects)
-        case .settle(let ids, let result, let report, let cancel):
+        case .settle(let ids, let result, let report, let cancel, let failSafe):
             effects.cancel(cancel)
             switch result {
             case .success:
@@ -442,9 +445,11 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
                 record(.cancelled, in: &effects)
             case .failure(let error):
                 record(.failed(error: error, duration: report.duration, attempts: report.attempts), in: &effects)
+                // Each waiter answered by fail-safe is reported, as each caller that joins is.
+                if failSafe != nil, events != nil { for _ in ids { record(.failSafe(error: error), in: &effects) } }
             }
             publish(core.machine, at: now)
-            resume(ids, with: result, in: &core, &effects)
+            resume(ids, with: failSafe.map { .success($0) } ?? result, in: &core, &effects)
         }
     }
 

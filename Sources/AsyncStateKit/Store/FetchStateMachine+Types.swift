@@ -184,6 +184,9 @@ extension FetchStateMachine {
         /// Throw this error to the caller now (a cached failure, a reentrant call, too many abandoned
         /// operations). Nothing changes.
         case fail(any Error)
+        /// Give the caller this value now instead of the cached failure `error`: fail-safe (the value
+        /// is younger than the maximum stale age). Nothing starts.
+        case failSafe(Value, error: any Error)
         /// The caller joined the flight in flight and waits for it.
         case join
         /// The flight in flight, if `replaced` is set, ended (cancel its handles; its outcome is
@@ -220,8 +223,11 @@ extension FetchStateMachine {
         case retry(flight: FlightID, attempt: AttemptID, at: Duration, error: any Error, attempts: Int, cancel: Handles)
         /// Start this attempt now.
         case start(Attempt, cancel: Handles)
-        /// The flight settled: resume `waiters` with `result`.
-        case settle(waiters: Set<WaiterID>, result: Result<Value, any Error>, report: FlightReport, cancel: Handles)
+        /// The flight settled with `result` (its outcome): resume `waiters` with it — or, when
+        /// `failSafe` is set (the flight failed and fail-safe answers), with that value instead.
+        case settle(
+            waiters: Set<WaiterID>, result: Result<Value, any Error>, report: FlightReport, cancel: Handles,
+            failSafe: Value?)
     }
 
     /// What to do after ``waiterCancelled(_:)``: what becomes of the flight. A waiter that was still in

@@ -113,6 +113,13 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         return error
     }
 
+    /// The last good value, while fail-safe answers it instead of a failure at `now` (see
+    /// ``StateData/failSafeValue(at:maxStaleAge:)``).
+    @inlinable
+    func failSafeValue(at now: Duration) -> Value? {
+        data.failSafeValue(at: now, maxStaleAge: configuration.maxStaleAge)
+    }
+
     /// Whether a caller running one of `callerAttempts` is the current attempt's operation (or a task
     /// that inherited its context while it still runs): waiting for the flight would wait for itself.
     @inlinable
@@ -191,8 +198,9 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
                 return .returnValueAndStart(data.value, attempt, stale: true)
             }
             if let error = cachedFailure(at: now) {
-                return mode == .staleWhileRevalidate && data.hasValue
-                    ? .returnValue(data.value, stale: true) : .fail(error)
+                if mode == .staleWhileRevalidate && data.hasValue { return .returnValue(data.value, stale: true) }
+                if let value = failSafeValue(at: now) { return .failSafe(value, error: error) }
+                return .fail(error)
             }
         }
         if isReentrant(callerAttempts) { return .fail(AsyncStateError.reentrantCall) }
@@ -319,7 +327,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     {
         guard !data.hasValue, flightBox == nil, abandoned.isEmpty else { return false }
         data.restore(
-            newValue, isEmpty: isEmpty, lastSuccess: lastSuccess, date: date,
+            newValue, isEmpty: isEmpty, lastSuccess: lastSuccess, now: now, date: date,
             restoredUntil: configuration.refreshAfter.map { now.saturatingAdd(configuration.expiry - $0) })
         return true
     }
@@ -351,8 +359,8 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
                 ? .expired : flightBox!.flight.kind == .append ? .unchanged : .from(now)
             let report = self.report(at: now)
             let (waiters, handles) = takeFlight()
-            data.succeed(newValue, isEmpty: isEmpty(newValue), date: date, freshness: freshness)
-            return .settle(waiters: waiters, result: .success(newValue), report: report, cancel: handles)
+            data.succeed(newValue, isEmpty: isEmpty(newValue), now: now, date: date, freshness: freshness)
+            return .settle(waiters: waiters, result: .success(newValue), report: report, cancel: handles, failSafe: nil)
         case .failure(let error):
             return attemptFailed(error, now: now)
         case .cancelled:
@@ -482,13 +490,18 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         data.fail(
             error, at: now, keepsFreshness: kind == .refreshAhead || kind == .append,
             cached: configuration.failureExpiry > .zero && kind != .append)
-        return .settle(waiters: waiters, result: .failure(error), report: report, cancel: handles)
+        // Fail-safe: the waiters get the last good value instead — not those of an append, whose
+        // caller asked for more than that value.
+        let failSafe = kind == .append ? nil : failSafeValue(at: now)
+        return .settle(
+            waiters: waiters, result: .failure(error), report: report, cancel: handles, failSafe: failSafe)
     }
 
     @inlinable mutating func settleCancelled(now: Duration) -> FlightAction {
         let report = self.report(at: now)
         let (waiters, handles) = takeFlight()
-        return .settle(waiters: waiters, result: .failure(CancellationError()), report: report, cancel: handles)
+        return .settle(
+            waiters: waiters, result: .failure(CancellationError()), report: report, cancel: handles, failSafe: nil)
     }
 
     /// The flight's duration so far and its attempts.

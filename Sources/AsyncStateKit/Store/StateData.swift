@@ -17,6 +17,10 @@ struct StateData<Value: Sendable> {
     @usableFromInline var phase: AsyncPhase
     /// When the current data arrived fresh; `nil` when there is none or it was invalidated or failed.
     @usableFromInline var freshSince: Duration?
+    /// When the current value arrived (a success or a write; for restored data, its last success as
+    /// the archive dated it), kept through invalidations and failures: the age fail-safe measures.
+    /// `nil` without a value, or for restored data with no date.
+    @usableFromInline var receivedAt: Duration?
     /// When the current failure settled, while it may still be answered from the negative cache.
     @usableFromInline var failedAt: Duration?
     /// Until when restored data (see ``restore(_:isEmpty:lastSuccess:now:date:restoredFor:)``) is
@@ -51,12 +55,13 @@ struct StateData<Value: Sendable> {
     /// Data at rest (see ``isAtRest``), from the fields a family's compact entry keeps.
     @inlinable
     init(
-        atRest value: Value, phase: AsyncPhase, freshSince: Duration?, lastError: (any Error)?, lastSuccess: Date?,
-        successCount: Int, restoredUntil: Duration?
+        atRest value: Value, phase: AsyncPhase, freshSince: Duration?, receivedAt: Duration?, lastError: (any Error)?,
+        lastSuccess: Date?, successCount: Int, restoredUntil: Duration?
     ) {
         self.value = value
         self.phase = phase
         self.freshSince = freshSince
+        self.receivedAt = receivedAt
         self.restoredUntil = restoredUntil
         hasValue = true
         valueIsEmpty = phase.kind == .empty
@@ -133,12 +138,14 @@ struct StateData<Value: Sendable> {
         restoredUntil = nil
     }
 
-    /// A fetch succeeded with `newValue` (empty by `isEmpty`) on `date`.
-    @inlinable mutating func succeed(_ newValue: Value, isEmpty: Bool, date: Date, freshness: Freshness) {
+    /// A fetch succeeded with `newValue` (empty by `isEmpty`) at `now`, on `date`. The value is as
+    /// old as its data's freshness says: new at `now`, unless `unchanged` (an appended page).
+    @inlinable mutating func succeed(_ newValue: Value, isEmpty: Bool, now: Duration, date: Date, freshness: Freshness)
+    {
         receive(newValue, isEmpty: isEmpty, date: date)
         switch freshness {
-        case .from(let now): freshSince = now
-        case .expired: freshSince = nil
+        case .from(let instant): (freshSince, receivedAt) = (instant, now)
+        case .expired: (freshSince, receivedAt) = (nil, now)
         case .unchanged: break
         }
         failureCount = 0
@@ -159,6 +166,7 @@ struct StateData<Value: Sendable> {
     @inlinable mutating func set(_ newValue: Value, isEmpty: Bool, now: Duration, date: Date) {
         receive(newValue, isEmpty: isEmpty, date: date)
         freshSince = now
+        receivedAt = now
     }
 
     /// `invalidate()`: the data is expired now, for every interval; a cached failure is forgotten, and
@@ -173,15 +181,33 @@ struct StateData<Value: Sendable> {
     }
 
     /// A warm restart: `newValue` as expired data (see ``FetchStateMachine/restore(_:isEmpty:lastSuccess:now:date:)``),
-    /// answered at once until `restoredUntil` (under refresh ahead), or never (`nil`).
+    /// answered at once until `restoredUntil` (under refresh ahead), or never (`nil`). Its age is its
+    /// last success's, on the wall clock at `date` (`now` on the state's clock): none without a date.
     @inlinable mutating func restore(
-        _ newValue: Value, isEmpty: Bool, lastSuccess: Date?, date: Date, restoredUntil: Duration?
+        _ newValue: Value, isEmpty: Bool, lastSuccess: Date?, now: Duration, date: Date, restoredUntil: Duration?
     ) {
         receive(newValue, isEmpty: isEmpty, date: lastSuccess ?? date)
         self.lastSuccess = lastSuccess
+        receivedAt = lastSuccess.flatMap { Self.instant(aged: date.timeIntervalSince($0), at: now) }
         freshSince = nil
         self.restoredUntil = restoredUntil
         failureCount = 0
+    }
+
+    /// The instant `age` seconds before `now`: an age below zero (a date from the future) counts as
+    /// zero, one past the limits as the limit; `nil` for NaN.
+    @inlinable static func instant(aged age: Double, at now: Duration) -> Duration? {
+        guard !age.isNaN else { return nil }
+        let limit = AsyncStateLimits.maximumDuration
+        let seconds = min(max(age, 0), Double(limit.components.seconds))
+        return now.saturatingAdd(.zero - .seconds(seconds))
+    }
+
+    /// The last good value, if fail-safe may answer it instead of a failure at `now`: there is one,
+    /// and it arrived less than `maxStaleAge` ago (not at it: the age is the maximum then).
+    @inlinable func failSafeValue(at now: Duration, maxStaleAge: Duration?) -> Value? {
+        guard let maxStaleAge, hasValue, let receivedAt, now - receivedAt < maxStaleAge else { return nil }
+        return value
     }
 
     /// What a warm restart saves: the value, whether it is empty — as the phase said when it arrived,

@@ -16,6 +16,9 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
     @usableFromInline var staleWhileRevalidate: Bool
     /// The age at which a hit on fresh data starts a background refresh; `nil` for never.
     @usableFromInline var refreshAfter: Duration?
+    /// Fail-safe: how old the last good value may be and still be answered instead of a failure;
+    /// `nil` for never.
+    @usableFromInline var maxStaleAge: Duration?
 
     /// How long data is answered as a hit, without asking the machine: the refresh-ahead age when
     /// there is one (older data goes to the machine, which may start the refresh), else the expiry.
@@ -25,11 +28,12 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
     /// Normalizes: every duration is clamped to `0...AsyncStateLimits.maximumDuration`; a zero or
     /// negative `timeout` means none (documented on ``AsyncState``), so it cannot fail every attempt at
     /// once; a `refreshAfter` of zero or less, or not shorter than the expiry, means none (it could
-    /// only refresh on every hit, or never).
+    /// only refresh on every hit, or never); a `maxStaleAge` of zero or less means none (no value is
+    /// younger than that).
     @inlinable init(
         expiry: Duration, failureExpiry: Duration = .zero, isEmpty: @escaping @Sendable (Value) -> Bool,
         retry: RetryPolicy = .never, timeout: Duration? = nil, staleWhileRevalidate: Bool = false,
-        refreshAfter: Duration? = nil
+        refreshAfter: Duration? = nil, maxStaleAge: Duration? = nil
     ) {
         self.expiry = expiry.clampedToLimits
         self.failureExpiry = failureExpiry.clampedToLimits
@@ -38,5 +42,6 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
         self.timeout = timeout.flatMap { $0 > .zero ? $0.clampedToLimits : nil }
         self.staleWhileRevalidate = staleWhileRevalidate
         self.refreshAfter = refreshAfter.flatMap { $0 > .zero && $0 < self.expiry ? $0 : nil }
+        self.maxStaleAge = maxStaleAge.flatMap { $0 > .zero ? $0.clampedToLimits : nil }
     }
 }

@@ -68,23 +68,24 @@ public final class Catalog: Sendable {
         config = AsyncState(
             wrappedValue: ServiceConfig(version: 0, features: [:]), expiry: settings.configExpiry, clock: clock,
             retry: retry, timeout: settings.fetchTimeout, failureExpiry: settings.failureExpiry,
-            refreshAfter: settings.configExpiry * 0.8, name: "config", observer: observer)
+            refreshAfter: settings.configExpiry * 0.8, maxStaleAge: settings.maxStaleAge, name: "config",
+            observer: observer)
         rates = AsyncState(
             wrappedValue: Rates(base: "", rates: [:]), expiry: settings.ratesExpiry, clock: clock, retry: retry,
             timeout: settings.fetchTimeout, failureExpiry: settings.failureExpiry, staleWhileRevalidate: true,
-            name: "rates", observer: observer)
+            maxStaleAge: settings.maxStaleAge, name: "rates", observer: observer)
         profiles = AsyncStateFamily(
             expiry: settings.profileExpiry, capacity: settings.profileCapacity,
             idleExpiry: settings.profileIdleExpiry, clock: clock, retry: retry, timeout: settings.fetchTimeout,
-            failureExpiry: settings.failureExpiry, refreshAfter: settings.profileExpiry * 0.8, name: "profiles",
-            observer: observer)
+            failureExpiry: settings.failureExpiry, refreshAfter: settings.profileExpiry * 0.8,
+            maxStaleAge: settings.maxStaleAge, name: "profiles", observer: observer)
         // Bounded by count and by weight: tenants are written by clients (each capped by the write
         // route), and cached by whoever asks for them.
         tenants = AsyncStateFamily(
             expiry: settings.tenantExpiry, capacity: settings.profileCapacity,
             maximumWeight: settings.tenantMaximumBytes, weigher: { _, config in config.weight }, clock: clock,
-            retry: retry, timeout: settings.fetchTimeout, failureExpiry: settings.failureExpiry, name: "tenants",
-            observer: observer)
+            retry: retry, timeout: settings.fetchTimeout, failureExpiry: settings.failureExpiry,
+            maxStaleAge: settings.maxStaleAge, name: "tenants", observer: observer)
         invalidator = bus.map {
             AsyncStateInvalidator(
                 bus: $0, authenticator: authenticator, invalidateAllInterval: settings.invalidateAllInterval,

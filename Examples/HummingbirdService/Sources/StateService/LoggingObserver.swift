@@ -24,6 +24,9 @@ public struct LoggingObserver: AsyncStateObserver {
             logger.trace("hit", metadata: metadata)
         case .servedStale:
             logger.trace("served stale data", metadata: metadata)
+        case .failSafe(let error):
+            metadata["error"] = "\(error)"
+            logger.debug("served the last good value instead of a failure", metadata: metadata)
         case .joined:
             logger.trace("joined the fetch in flight", metadata: metadata)
         case .started(let reason):

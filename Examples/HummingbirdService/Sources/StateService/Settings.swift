@@ -24,6 +24,7 @@ import PostgresNIO
 /// | `RETRY_INITIAL_DELAY` | 0.1 | The first backoff; doubled after each failure. |
 /// | `FETCH_TIMEOUT` | 2 | Longest an attempt may take. |
 /// | `FAILURE_EXPIRY` | 1 | How long a failure is answered without asking the upstream again (`Retry-After`). |
+/// | `MAX_STALE_AGE` | 0 (off) | Fail-safe: while the upstream fails, a value younger than this is answered instead of the failure (`GET /profiles/:id` answers it; the snapshot routes serve their last value on a failure anyway). |
 /// | `UPSTREAM_LATENCY` | 0.02 | How long the simulated upstream takes per call. |
 /// | `STATE_FILE` | (none) | Where the states are saved on shutdown and loaded from at start (warm restarts). |
 /// | `TENANT_EXPIRY` | 60 | How long a tenant's configuration is fresh: the longest a replica can serve an old one if an invalidation is lost. |
@@ -52,6 +53,8 @@ public struct Settings: Sendable, Equatable {
     public var retryInitialDelay = Duration.milliseconds(100)
     public var fetchTimeout = Duration.seconds(2)
     public var failureExpiry = Duration.seconds(1)
+    /// Fail-safe's maximum stale age; `nil` for off.
+    public var maxStaleAge: Duration?
     public var upstreamLatency = Duration.milliseconds(20)
     public var stateFile: String?
     public var tenantExpiry = Duration.seconds(60)
@@ -90,6 +93,7 @@ public struct Settings: Sendable, Equatable {
         retryInitialDelay = try read.seconds("RETRY_INITIAL_DELAY", allowingZero: true) ?? retryInitialDelay
         fetchTimeout = try read.seconds("FETCH_TIMEOUT") ?? fetchTimeout
         failureExpiry = try read.seconds("FAILURE_EXPIRY", allowingZero: true) ?? failureExpiry
+        if let age = try read.seconds("MAX_STALE_AGE", allowingZero: true) { maxStaleAge = age > .zero ? age : nil }
         upstreamLatency = try read.seconds("UPSTREAM_LATENCY", allowingZero: true) ?? upstreamLatency
         stateFile = read.string("STATE_FILE")
         tenantExpiry = try read.seconds("TENANT_EXPIRY") ?? tenantExpiry

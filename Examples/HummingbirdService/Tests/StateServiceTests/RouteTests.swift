@@ -120,6 +120,26 @@ import Testing
         #expect(fixture.metric(#"async_state_runs_total{state="rates",reason="background"}"#) == 1)
     }
 
+    @Test func failSafeAnswersACoalescedProfileWhileTheUpstreamIsDownAndCountsIt() async throws {
+        let fixture = Fixture { $0.maxStaleAge = .seconds(60) }
+        let clock = fixture.clock
+        try await fixture.routes().test(.router) { client async throws in
+            let first = try await getAll(["/profiles/7"], from: client, advancing: clock)
+            #expect(first.map(\.status) == [.ok])
+            fixture.upstream.setDown(true)
+            await clock.advance(by: fixture.settings.profileExpiry)  // expired: the next read fetches
+            let stale = try await getAll(["/profiles/7"], from: client, advancing: clock)
+            #expect(stale.map(\.status) == [.ok])
+            #expect(stale.first?.text == first.first?.text)
+            await clock.advance(by: .seconds(30))  // 60 s old: as old as the maximum
+            await clock.advance(by: fixture.settings.failureExpiry)
+            let failed = try await getAll(["/profiles/7"], from: client, advancing: clock)
+            #expect(failed.map(\.status) == [.serviceUnavailable])
+        }
+        #expect(fixture.metric(#"async_state_fail_safe_serves_total{state="profiles"}"#) == 1)
+        #expect(fixture.metric(#"async_state_failures_total{state="profiles"}"#) == 2)
+    }
+
     @Test func theMetricsEndpointServesTheRegistry() async throws {
         let fixture = Fixture()
         try await fixture.routes().test(.router) { client async throws in
