@@ -97,6 +97,13 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///     ``AsyncStateError/timedOut(after:)`` (a failure, which the retry policy may retry), even if the
     ///     operation ignores cancellation; the operation is cancelled and its late result dropped.
     ///     `nil` (the default), zero or negative: no timeout.
+    ///   - softTimeout: How long the callers of a fetch wait before they get the value the state holds
+    ///     instead (with `maxStaleAge`, only one fail-safe would answer): the fetch goes on in the
+    ///     background and its result lands when it arrives, so a slow source never makes callers wait
+    ///     past this, yet its answer is not lost. Counted from the fetch's start; applies to
+    ///     ``value(retry:_:)`` and ``fetch(retry:_:)``. Callers with no such value keep waiting. `nil`
+    ///     (the default), zero or less, or not shorter than `timeout`: off. See
+    ///     <doc:WhenTheSourceIsDown>.
     ///   - failureExpiry: How long a failure is answered from memory (a negative cache): within it,
     ///     ``value(retry:_:)`` throws the cached error and ``fetch(retry:_:)`` returns at once, without
     ///     calling the source again. ``refresh(retry:_:)``, ``retry(_:)``, ``run(every:retry:_:)`` and
@@ -129,6 +136,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         clock: some Clock<Duration> = ContinuousClock(),
         retry: RetryPolicy = .never,
         timeout: Duration? = nil,
+        softTimeout: Duration? = nil,
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
@@ -138,13 +146,14 @@ public struct AsyncState<Value: Sendable>: Sendable {
         observer: (any AsyncStateObserver)? = nil
     ) {
         self.init(
-            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate, refreshAfter, maxStaleAge,
+            wrappedValue, expiry, clock, retry, timeout, softTimeout, failureExpiry, staleWhileRevalidate, refreshAfter,
+            maxStaleAge,
             name: name, observer: observer, isEmpty: isEmpty ?? { _ in false })
     }
 
     /// Creates a state holding a collection; an empty collection is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:name:observer:)-1t7x8``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:name:observer:)-45mmf``;
     /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
     public init(
         wrappedValue: Value,
@@ -152,6 +161,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         clock: some Clock<Duration> = ContinuousClock(),
         retry: RetryPolicy = .never,
         timeout: Duration? = nil,
+        softTimeout: Duration? = nil,
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
@@ -161,13 +171,14 @@ public struct AsyncState<Value: Sendable>: Sendable {
         observer: (any AsyncStateObserver)? = nil
     ) where Value: Collection {
         self.init(
-            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate, refreshAfter, maxStaleAge,
+            wrappedValue, expiry, clock, retry, timeout, softTimeout, failureExpiry, staleWhileRevalidate, refreshAfter,
+            maxStaleAge,
             name: name, observer: observer, isEmpty: isEmpty ?? { $0.isEmpty })
     }
 
     /// Creates a state holding an optional; `nil` is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:name:observer:)-1t7x8``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:name:observer:)-45mmf``;
     /// `isEmpty` overrides `== nil` as the emptiness test.
     public init<Wrapped: Sendable>(
         wrappedValue: Value,
@@ -175,6 +186,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         clock: some Clock<Duration> = ContinuousClock(),
         retry: RetryPolicy = .never,
         timeout: Duration? = nil,
+        softTimeout: Duration? = nil,
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
@@ -184,19 +196,22 @@ public struct AsyncState<Value: Sendable>: Sendable {
         observer: (any AsyncStateObserver)? = nil
     ) where Value == Wrapped? {
         self.init(
-            wrappedValue, expiry, clock, retry, timeout, failureExpiry, staleWhileRevalidate, refreshAfter, maxStaleAge,
+            wrappedValue, expiry, clock, retry, timeout, softTimeout, failureExpiry, staleWhileRevalidate, refreshAfter,
+            maxStaleAge,
             name: name, observer: observer, isEmpty: isEmpty ?? { $0 == nil })
     }
 
     /// What the three public initializers share; they differ only in the default emptiness test.
     private init(
         _ initialValue: Value, _ expiry: Duration, _ clock: some Clock<Duration>, _ retry: RetryPolicy,
-        _ timeout: Duration?, _ failureExpiry: Duration, _ staleWhileRevalidate: Bool, _ refreshAfter: Duration?,
+        _ timeout: Duration?, _ softTimeout: Duration?, _ failureExpiry: Duration, _ staleWhileRevalidate: Bool,
+        _ refreshAfter: Duration?,
         _ maxStaleAge: Duration?, name: String, observer: (any AsyncStateObserver)?,
         isEmpty: @escaping @Sendable (Value) -> Bool
     ) {
         let configuration = StoreConfiguration(
             expiry: expiry, failureExpiry: failureExpiry, isEmpty: isEmpty, retry: retry, timeout: timeout,
+            softTimeout: softTimeout,
             staleWhileRevalidate: staleWhileRevalidate, refreshAfter: refreshAfter, maxStaleAge: maxStaleAge)
         store = AsyncStateStore(
             initialValue: initialValue, configuration: configuration, clock: StoreClock(clock),

@@ -67,6 +67,10 @@ public struct AsyncStateEvent: Sendable {
         /// phase is the failure. Counted apart from hits and ``servedStale``: they rise while the
         /// source is down.
         case failSafe(error: any Error)
+        /// A caller that waited for a fetch until its soft timeout (`softTimeout:`) got the last good
+        /// value then; the fetch goes on in the background, and its result lands when it arrives.
+        /// Callers that come while it still runs get the value at once, as ``servedStale``.
+        case softTimeout
         /// A caller joined the fetch in flight.
         case joined
         /// A fetch started, for this reason.

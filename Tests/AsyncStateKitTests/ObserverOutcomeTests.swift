@@ -28,7 +28,7 @@ final class FlightLedger: AsyncStateObserver {
                 state.inFlight.insert(key)
             case .succeeded, .failed, .cancelled:
                 if state.inFlight.remove(key) == nil { state.problems.append("\(key): \(event.kind) without a start") }
-            case .hit, .servedStale, .failSafe, .joined, .attemptFailed, .invalidated, .removed:
+            case .hit, .servedStale, .failSafe, .softTimeout, .joined, .attemptFailed, .invalidated, .removed:
                 break
             }
         }
@@ -123,11 +123,13 @@ final class FlightLedger: AsyncStateObserver {
         let policies = RandomPolicies(&random)
         let state = AsyncState<Int>(
             wrappedValue: 0, expiry: .seconds(2), clock: clock, retry: policies.retry, timeout: policies.timeout,
+            softTimeout: policies.softTimeout,
             failureExpiry: policies.failureExpiry, staleWhileRevalidate: policies.staleWhileRevalidate,
             refreshAfter: policies.refreshAfter, maxStaleAge: policies.maxStaleAge, name: "s", observer: ledger)
         let family = AsyncStateFamily<Int, Int>(
             expiry: .seconds(2), capacity: 2, idleExpiry: pick(2) == 0 ? .seconds(3) : nil, clock: clock,
-            retry: policies.retry, timeout: policies.timeout, failureExpiry: policies.failureExpiry,
+            retry: policies.retry, timeout: policies.timeout, softTimeout: policies.softTimeout,
+            failureExpiry: policies.failureExpiry,
             staleWhileRevalidate: policies.staleWhileRevalidate, refreshAfter: policies.refreshAfter,
             maxStaleAge: policies.maxStaleAge, name: "f",
             observer: ledger)

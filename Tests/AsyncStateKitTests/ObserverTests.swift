@@ -15,6 +15,7 @@ final class EventLog: AsyncStateObserver {
         case .hit: kind = "hit"
         case .servedStale: kind = "servedStale"
         case .failSafe(let error): kind = "failSafe(\(type(of: error)))"
+        case .softTimeout: kind = "softTimeout"
         case .joined: kind = "joined"
         case .started(let reason): kind = "started(\(reason))"
         case .attemptFailed(let error, let attempt, let retryIn):

@@ -66,12 +66,14 @@ import Testing
         let records = (state: Record(), resting: Record(), live: Record())
         let state = AsyncState<Int>(
             wrappedValue: -1, expiry: .seconds(2), clock: clock, retry: policies.retry, timeout: policies.timeout,
+            softTimeout: policies.softTimeout,
             failureExpiry: policies.failureExpiry, staleWhileRevalidate: policies.staleWhileRevalidate,
             refreshAfter: policies.refreshAfter, maxStaleAge: policies.maxStaleAge, isEmpty: isEmpty,
             observer: records.state)
         func family(_ record: Record) -> AsyncStateFamily<Int, Int> {
             AsyncStateFamily(
                 expiry: .seconds(2), clock: clock, retry: policies.retry, timeout: policies.timeout,
+                softTimeout: policies.softTimeout,
                 failureExpiry: policies.failureExpiry, staleWhileRevalidate: policies.staleWhileRevalidate,
                 refreshAfter: policies.refreshAfter, maxStaleAge: policies.maxStaleAge, isEmpty: isEmpty,
                 observer: record)

@@ -110,6 +110,7 @@ func expectEverySeedHolds(
 struct RandomPolicies: CustomStringConvertible {
     var retry: RetryPolicy
     var timeout: Duration?
+    var softTimeout: Duration?
     var staleWhileRevalidate: Bool
     var refreshAfter: Duration?
     var failureExpiry: Duration
@@ -122,11 +123,12 @@ struct RandomPolicies: CustomStringConvertible {
         refreshAfter = random.next() % 3 == 0 ? .seconds(1) : nil
         failureExpiry = random.next() % 3 == 0 ? .seconds(1) : .zero
         maxStaleAge = random.next() % 3 == 0 ? .seconds(3) : nil
+        softTimeout = random.next() % 3 == 0 ? .milliseconds(750) : nil
     }
 
     var description: String {
         "retry \(retry.maxAttempts) timeout \(String(describing: timeout)) swr \(staleWhileRevalidate)"
             + " refreshAfter \(String(describing: refreshAfter)) failureExpiry \(failureExpiry)"
-            + " maxStaleAge \(String(describing: maxStaleAge))"
+            + " maxStaleAge \(String(describing: maxStaleAge)) softTimeout \(String(describing: softTimeout))"
     }
 }

@@ -82,6 +82,8 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ///     `ContinuousClock()`; pass a `VirtualClock` in tests.
     ///   - retry: How each key's failed fetches are retried.
     ///   - timeout: The longest one attempt may run (see ``AsyncState``).
+    ///   - softTimeout: How long a key's callers wait before they get its value instead, while the
+    ///     fetch goes on in the background (see ``AsyncState``). `nil` (the default): off.
     ///   - failureExpiry: How long each key's failure is answered from memory.
     ///   - staleWhileRevalidate: Serve a key's stale value at once and refresh it in the background.
     ///   - refreshAfter: Refresh ahead: a hit on a key's data at least this old, but still fresh,
@@ -107,6 +109,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         clock: some Clock<Duration> = ContinuousClock(),
         retry: RetryPolicy = .never,
         timeout: Duration? = nil,
+        softTimeout: Duration? = nil,
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
@@ -117,7 +120,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         observer: (any AsyncStateObserver)? = nil
     ) {
         self.init(
-            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
+            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
             staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
             isEmpty: isEmpty ?? { _ in false })
     }
@@ -126,7 +129,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// ``AsyncState`` of a collection.
     ///
     /// The parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)-57a4w``;
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)-420vs``;
     /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
     public init(
         expiry: Duration = .seconds(120),
@@ -137,6 +140,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         clock: some Clock<Duration> = ContinuousClock(),
         retry: RetryPolicy = .never,
         timeout: Duration? = nil,
+        softTimeout: Duration? = nil,
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
@@ -147,7 +151,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         observer: (any AsyncStateObserver)? = nil
     ) where Value: Collection {
         self.init(
-            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
+            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
             staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
             isEmpty: isEmpty ?? { $0.isEmpty })
     }
@@ -156,7 +160,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// of an optional.
     ///
     /// The parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)-57a4w``;
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)-420vs``;
     /// `isEmpty` overrides `== nil` as the emptiness test.
     public init<Wrapped: Sendable>(
         expiry: Duration = .seconds(120),
@@ -167,6 +171,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         clock: some Clock<Duration> = ContinuousClock(),
         retry: RetryPolicy = .never,
         timeout: Duration? = nil,
+        softTimeout: Duration? = nil,
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
@@ -177,7 +182,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         observer: (any AsyncStateObserver)? = nil
     ) where Value == Wrapped? {
         self.init(
-            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
+            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
             staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
             isEmpty: isEmpty ?? { $0 == nil })
     }
@@ -186,7 +191,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// ``set(_:for:)`` (beyond the capacity, the first ones are evicted).
     ///
     /// The other parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)-57a4w``.
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)-420vs``.
     public init(
         wrappedValue: [Key: Value],
         expiry: Duration = .seconds(120),
@@ -197,6 +202,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         clock: some Clock<Duration> = ContinuousClock(),
         retry: RetryPolicy = .never,
         timeout: Duration? = nil,
+        softTimeout: Duration? = nil,
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
@@ -207,14 +213,14 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         observer: (any AsyncStateObserver)? = nil
     ) {
         self.init(
-            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
+            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
             staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
             isEmpty: isEmpty ?? { _ in false })
         for (key, value) in wrappedValue { set(value, for: key) }
     }
 
     /// Creates a family of collections holding `wrappedValue`'s values, as
-    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)``
+    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)``
     /// does; an empty collection is ``AsyncPhase/empty``.
     public init(
         wrappedValue: [Key: Value],
@@ -226,6 +232,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         clock: some Clock<Duration> = ContinuousClock(),
         retry: RetryPolicy = .never,
         timeout: Duration? = nil,
+        softTimeout: Duration? = nil,
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
@@ -236,14 +243,14 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         observer: (any AsyncStateObserver)? = nil
     ) where Value: Collection {
         self.init(
-            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
+            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
             staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
             isEmpty: isEmpty ?? { $0.isEmpty })
         for (key, value) in wrappedValue { set(value, for: key) }
     }
 
     /// Creates a family of optionals holding `wrappedValue`'s values, as
-    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)``
+    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)``
     /// does; `nil` is ``AsyncPhase/empty``.
     public init<Wrapped: Sendable>(
         wrappedValue: [Key: Value],
@@ -255,6 +262,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         clock: some Clock<Duration> = ContinuousClock(),
         retry: RetryPolicy = .never,
         timeout: Duration? = nil,
+        softTimeout: Duration? = nil,
         failureExpiry: Duration = .zero,
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
@@ -265,7 +273,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         observer: (any AsyncStateObserver)? = nil
     ) where Value == Wrapped? {
         self.init(
-            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, failureExpiry,
+            expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
             staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
             isEmpty: isEmpty ?? { $0 == nil })
         for (key, value) in wrappedValue { set(value, for: key) }
@@ -276,14 +284,15 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     private init(
         _ expiry: Duration, _ capacity: Int, _ maximumWeight: Int?, _ weigher: (@Sendable (Key, Value) -> Int)?,
         _ idleExpiry: Duration?, _ clock: some Clock<Duration>, _ retry: RetryPolicy, _ timeout: Duration?,
+        _ softTimeout: Duration?,
         _ failureExpiry: Duration, _ staleWhileRevalidate: Bool, _ refreshAfter: Duration?, _ maxStaleAge: Duration?,
         _ onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)?, _ name: String,
         _ observer: (any AsyncStateObserver)?, isEmpty: @escaping @Sendable (Value) -> Bool
     ) {
         let configuration = StoreConfiguration<Value?>(
             expiry: expiry, failureExpiry: failureExpiry, isEmpty: { $0.map(isEmpty) ?? false }, retry: retry,
-            timeout: timeout, staleWhileRevalidate: staleWhileRevalidate, refreshAfter: refreshAfter,
-            maxStaleAge: maxStaleAge)
+            timeout: timeout, softTimeout: softTimeout, staleWhileRevalidate: staleWhileRevalidate,
+            refreshAfter: refreshAfter, maxStaleAge: maxStaleAge)
         core = FamilyCore(
             capacity: capacity, maximumWeight: maximumWeight, weigher: weigher, idleExpiry: idleExpiry,
             configuration: configuration, clock: StoreClock(clock), onRemoval: onRemoval, name: name,

@@ -67,6 +67,8 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
     ///   - clock: The clock that expiry, backoff and timeouts run on.
     ///   - retry: How failed page reads are retried.
     ///   - timeout: The longest one attempt may take; `nil` for none.
+    ///   - softTimeout: How long callers of the first page wait before they get the list they have
+    ///     instead, while the read goes on (see ``AsyncState``); `loadMore` always waits. `nil`: off.
     ///   - failureExpiry: How long a failed first page is answered without reading it again (see
     ///     ``AsyncState``); `loadMore` always reads.
     ///   - maxStaleAge: Fail-safe: when reading the first page fails, callers get the list they had
@@ -82,6 +84,7 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
         clock: some Clock<Duration> = ContinuousClock(),
         retry: RetryPolicy = .never,
         timeout: Duration? = nil,
+        softTimeout: Duration? = nil,
         failureExpiry: Duration = .zero,
         maxStaleAge: Duration? = nil,
         maxPages: Int? = nil,
@@ -90,7 +93,8 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
     ) {
         let configuration = StoreConfiguration<AsyncPages<Item, Cursor>>(
             expiry: expiry, failureExpiry: failureExpiry, isEmpty: { $0.isEmptyListing }, retry: retry,
-            timeout: timeout, staleWhileRevalidate: false, refreshAfter: nil, maxStaleAge: maxStaleAge)
+            timeout: timeout, softTimeout: softTimeout, staleWhileRevalidate: false, refreshAfter: nil,
+            maxStaleAge: maxStaleAge)
         store = Store(
             initialValue: AsyncPages(), configuration: configuration, clock: StoreClock(clock),
             observation: observer.map { Observation(name: name, key: nil, observer: $0) })

@@ -62,11 +62,10 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// What an event leaves to do once the lock is released.
     @usableFromInline
     struct Effects {
-        /// Tasks to cancel (their cancellation handlers run user code). An event ends at most an
-        /// attempt, a timer and the timer that replaces it.
-        @usableFromInline var cancelled: (Task<Void, Never>?, Task<Void, Never>?, Task<Void, Never>?) = (
-            nil, nil, nil
-        )
+        /// Tasks to cancel (their cancellation handlers run user code). An event ends at most a
+        /// flight's attempt, its timer and its soft timeout's timer, and the timer that replaces one.
+        @usableFromInline var cancelled:
+            (Task<Void, Never>?, Task<Void, Never>?, Task<Void, Never>?, Task<Void, Never>?) = (nil, nil, nil, nil)
         /// Waiters to resume (taken out of the table under the lock, by id), and with what.
         @usableFromInline var resumed:
             (
@@ -87,6 +86,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         mutating func cancel(_ handles: Machine.Handles) {
             cancel(handles.attempt)
             cancel(handles.timer)
+            cancel(handles.softTimer)
         }
 
         /// Cancels `task`, if any, once the lock is released.
@@ -97,9 +97,11 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
                 cancelled.0 = task
             } else if cancelled.1 == nil {
                 cancelled.1 = task
-            } else {
-                precondition(cancelled.2 == nil, "an event ended more than three tasks")
+            } else if cancelled.2 == nil {
                 cancelled.2 = task
+            } else {
+                precondition(cancelled.3 == nil, "an event ended more than four tasks")
+                cancelled.3 = task
             }
         }
 
@@ -108,6 +110,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             cancelled.0?.cancel()
             cancelled.1?.cancel()
             cancelled.2?.cancel()
+            cancelled.3?.cancel()
             cancelledWaiter?.resume(returning: WaiterOutcome.cancelled)
             if let resumed {
                 // In arrival order (ids grow), sorted here rather than under the lock.
@@ -409,6 +412,18 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         }
     }
 
+    /// The soft timeout of flight `flight` passed (or its sleep threw: it ends the wait now, as the
+    /// other timers do).
+    @inlinable func softTimeoutPassed(_ flight: Machine.FlightID) {
+        withCore { core, effects in
+            guard case .answer(let ids, let value) = core.machine.softTimeoutPassed(flight, now: clock.now()) else {
+                return
+            }
+            if events != nil { for _ in ids { record(.softTimeout, in: &effects) } }
+            resume(ids, with: .success(value), in: &core, &effects)
+        }
+    }
+
     /// A backoff ended, or its sleep threw `error`.
     @inlinable func backoffEnded(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID, error: (any Error)?) {
         withCore { core, effects in
@@ -499,6 +514,9 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     func start(_ attempt: Machine.Attempt, at now: Duration, in core: inout Core, _ effects: inout Effects) {
         if let reason = attempt.starts { record(.started(reason), in: &effects) }
         let (flight, id) = (attempt.flight, attempt.id)
+        if let softDeadline = attempt.softTimeoutAt {
+            core.machine.attach(softTimer: schedule(at: softDeadline) { store, _ in store.softTimeoutPassed(flight) })
+        }
         if let deadline = attempt.timeoutAt {
             // With a timeout the attempt starts on a thread of its own, as any task does (it is
             // enqueued here and runs once a thread takes it, before its timer), so that the timeout

@@ -57,14 +57,16 @@ extension FetchStateMachine {
     }
 
     /// The shell's handles of a flight (or of a step of one) to cancel once the lock is released: its
-    /// attempt's task and its timer (of the attempt's timeout, or of the backoff).
+    /// attempt's task, its timer (of the attempt's timeout, or of the backoff), and the flight's soft
+    /// timeout's timer (which outlives the steps: only the flight's end takes it).
     @usableFromInline
     struct Handles {
         @usableFromInline var attempt: Handle?
         @usableFromInline var timer: Handle?
+        @usableFromInline var softTimer: Handle?
 
-        @inlinable init(attempt: Handle? = nil, timer: Handle? = nil) {
-            (self.attempt, self.timer) = (attempt, timer)
+        @inlinable init(attempt: Handle? = nil, timer: Handle? = nil, softTimer: Handle? = nil) {
+            (self.attempt, self.timer, self.softTimer) = (attempt, timer, softTimer)
         }
     }
 
@@ -87,6 +89,9 @@ extension FetchStateMachine {
         @usableFromInline var startedWithValue: Bool
         /// Set by ``invalidate(now:)`` during the flight: its result lands already expired.
         @usableFromInline var expiresOnArrival: Bool
+        /// Set when its soft timeout passed: it runs in the background since, and a caller that would
+        /// join it is answered with a usable value at once instead.
+        @usableFromInline var isPastSoftTimeout = false
         /// How failed attempts are retried.
         @usableFromInline var policy: RetryPolicy
         /// When the flight started (for the retry budget and the observer's duration).
@@ -160,15 +165,23 @@ extension FetchStateMachine {
         @usableFromInline var operation: Operation
         /// When it times out; `nil` for never.
         @usableFromInline var timeoutAt: Duration?
+        /// When its flight's soft timeout is due, if it is the first attempt of a flight that has one
+        /// (see ``softTimeoutPassed(_:now:)``): schedule it and give its timer to
+        /// ``attach(softTimer:)``.
+        @usableFromInline var softTimeoutAt: Duration?
         /// Why its flight started, if it is the flight's first attempt (the observer's `started`);
         /// `nil` for a later attempt.
         @usableFromInline var starts: Reason?
 
         @inlinable
-        init(flight: FlightID, id: AttemptID, operation: Operation, timeoutAt: Duration?, starts: Reason?) {
+        init(
+            flight: FlightID, id: AttemptID, operation: Operation, timeoutAt: Duration?, softTimeoutAt: Duration?,
+            starts: Reason?
+        ) {
             (self.flight, self.id, self.operation, self.timeoutAt, self.starts) = (
                 flight, id, operation, timeoutAt, starts
             )
+            self.softTimeoutAt = softTimeoutAt
         }
     }
 
@@ -228,6 +241,14 @@ extension FetchStateMachine {
         case settle(
             waiters: Set<WaiterID>, result: Result<Value, any Error>, report: FlightReport, cancel: Handles,
             failSafe: Value?)
+    }
+
+    /// What to do after ``softTimeoutPassed(_:now:)``.
+    @usableFromInline enum SoftTimeoutAction {
+        /// Nothing: the flight ended, or nobody waits, or there is no usable value.
+        case none
+        /// Resume `waiters` with `value`; the flight goes on in the background.
+        case answer(waiters: Set<WaiterID>, value: Value)
     }
 
     /// What to do after ``waiterCancelled(_:)``: what becomes of the flight. A waiter that was still in

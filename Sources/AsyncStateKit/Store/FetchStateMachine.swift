@@ -214,6 +214,12 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         // Expired data is not answered by an append in flight (it would extend the expired data): a
         // fetch replaces it, as `refresh` would.
         if flightBox != nil, mode != .always, !(mode == .ifExpired && flightBox?.flight.kind == .append) {
+            // Past its soft timeout the flight is known to be slow: a usable value is answered at once.
+            if mode == .ifExpired || mode == .staleWhileRevalidate, flightBox?.flight.isPastSoftTimeout == true,
+                let value = softTimeoutValue(at: now)
+            {
+                return .returnValue(value, stale: true)
+            }
             // In place, and with no local reference to the box or copy of the flight: either would
             // make this insert copy the box or every waiter (copy-on-write), which is quadratic for
             // many joiners.
@@ -266,6 +272,12 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
             if let task { $0.handles.attempt = task }
             $0.handles.timer = timer
         }
+    }
+
+    /// Gives the flight the timer of its soft timeout (see ``Attempt/softTimeoutAt``).
+    @inlinable
+    mutating func attach(softTimer: Handle) {
+        mutateFlight { $0.handles.softTimer = softTimer }
     }
 
     /// Gives the task running attempt `attempt` to its flight, if that attempt is the flight's running
@@ -380,6 +392,31 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         return attemptFailed(AsyncStateError.timedOut(after: timeout), now: now)
     }
 
+    /// The soft timeout of flight `id` passed at `now`: if the flight still runs and a usable value
+    /// exists (``softTimeoutValue(at:)``), its waiters get that value now and it goes on in the
+    /// background, its result landing when it arrives; callers that come while it runs get the value
+    /// at once too. The timer is ending by itself.
+    @inlinable mutating func softTimeoutPassed(_ id: FlightID, now: Duration) -> SoftTimeoutAction {
+        guard flightBox?.flight.id == id else { return .none }
+        mutateFlight {
+            $0.handles.softTimer = nil
+            $0.isPastSoftTimeout = true
+        }
+        guard let value = softTimeoutValue(at: now), flightBox?.flight.waiters.isEmpty == false else { return .none }
+        var waiters = Set<WaiterID>()
+        mutateFlight {
+            swap(&waiters, &$0.waiters)
+            $0.kind = .background
+        }
+        return .answer(waiters: waiters, value: value)
+    }
+
+    /// The value a soft timeout answers at `now`: the one fail-safe would (with a maximum stale age),
+    /// else whatever value the state holds.
+    @inlinable func softTimeoutValue(at now: Duration) -> Value? {
+        configuration.maxStaleAge == nil ? (data.hasValue ? data.value : nil) : failSafeValue(at: now)
+    }
+
     /// The backoff before attempt `attempt` of flight `id` ended: the attempt starts now. If the
     /// clock's sleep threw instead (`error`), the flight settles: cancelled for a `CancellationError`,
     /// failed with `error` otherwise — never left `loading`. The timer is ending by itself.
@@ -435,6 +472,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
             mutateFlight { flight in
                 (flight.id, flight.operation, flight.stage, flight.kind) = (id, operation, .running(attempt), kind)
                 (flight.reason, flight.startedWithValue, flight.expiresOnArrival) = (reason, hadValue, false)
+                flight.isPastSoftTimeout = false
                 (flight.policy, flight.startedAt, flight.attempts, flight.random) = (policy, now, 1, random)
                 flight.handles = Handles()
                 if let waiter { flight.waiters.insert(waiter) }
@@ -454,12 +492,16 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         return attempt(now: now, starts: nil)
     }
 
-    /// The flight's current attempt, starting at `now`.
+    /// The flight's current attempt, starting at `now`. The first attempt of a flight that callers
+    /// started for a value (`value`, `fetch`: not `refresh`, `retry`, a periodic run or an append)
+    /// carries the flight's soft timeout.
     @inlinable func attempt(now: Duration, starts: Reason?) -> Attempt {
         let box = flightBox!
+        let softTimeout = starts == .fetch && box.flight.kind == .foreground ? configuration.softTimeout : nil
         return Attempt(
             flight: box.flight.id, id: box.flight.attempt, operation: box.flight.operation,
-            timeoutAt: configuration.timeout.map { now.saturatingAdd($0) }, starts: starts)
+            timeoutAt: configuration.timeout.map { now.saturatingAdd($0) },
+            softTimeoutAt: softTimeout.map { now.saturatingAdd($0) }, starts: starts)
     }
 
     /// The current attempt failed with `error`: retry as the policy says, or settle.
@@ -538,10 +580,15 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         return (box.flight.waiters, box.flight.handles)
     }
 
-    /// Takes the flight's handles out of it (to be cancelled).
+    /// Takes the handles of the flight's current step out of it (to be cancelled): its attempt's task
+    /// and its timer, not its soft timeout's timer, which only the flight's end takes.
     @inlinable mutating func takeHandles() -> Handles {
         var handles = Handles()
-        mutateFlight { swap(&handles, &$0.handles) }
+        mutateFlight {
+            handles = Handles(attempt: $0.handles.attempt, timer: $0.handles.timer)
+            $0.handles.attempt = nil
+            $0.handles.timer = nil
+        }
         return handles
     }
 

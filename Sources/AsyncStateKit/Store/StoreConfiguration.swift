@@ -12,6 +12,9 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
     @usableFromInline var retry: RetryPolicy
     /// The longest an attempt may run; `nil` for no limit.
     @usableFromInline var timeout: Duration?
+    /// How long the callers of a fetch wait before a usable value is answered instead, while the
+    /// fetch goes on in the background; `nil` for ever.
+    @usableFromInline var softTimeout: Duration?
     /// Whether `value` serves stale data at once and refreshes it in the background.
     @usableFromInline var staleWhileRevalidate: Bool
     /// The age at which a hit on fresh data starts a background refresh; `nil` for never.
@@ -29,17 +32,21 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
     /// negative `timeout` means none (documented on ``AsyncState``), so it cannot fail every attempt at
     /// once; a `refreshAfter` of zero or less, or not shorter than the expiry, means none (it could
     /// only refresh on every hit, or never); a `maxStaleAge` of zero or less means none (no value is
-    /// younger than that).
+    /// younger than that); a `softTimeout` of zero or less, or not shorter than `timeout`, means none
+    /// (the hard timeout ends each attempt first).
     @inlinable init(
         expiry: Duration, failureExpiry: Duration = .zero, isEmpty: @escaping @Sendable (Value) -> Bool,
-        retry: RetryPolicy = .never, timeout: Duration? = nil, staleWhileRevalidate: Bool = false,
-        refreshAfter: Duration? = nil, maxStaleAge: Duration? = nil
+        retry: RetryPolicy = .never, timeout: Duration? = nil, softTimeout: Duration? = nil,
+        staleWhileRevalidate: Bool = false, refreshAfter: Duration? = nil, maxStaleAge: Duration? = nil
     ) {
         self.expiry = expiry.clampedToLimits
         self.failureExpiry = failureExpiry.clampedToLimits
         self.isEmpty = isEmpty
         self.retry = retry
         self.timeout = timeout.flatMap { $0 > .zero ? $0.clampedToLimits : nil }
+        let hardTimeout = self.timeout
+        self.softTimeout = softTimeout.flatMap { $0 > .zero && $0 < (hardTimeout ?? .seconds(Int64.max)) ? $0 : nil }
+            .map(\.clampedToLimits)
         self.staleWhileRevalidate = staleWhileRevalidate
         self.refreshAfter = refreshAfter.flatMap { $0 > .zero && $0 < self.expiry ? $0 : nil }
         self.maxStaleAge = maxStaleAge.flatMap { $0 > .zero ? $0.clampedToLimits : nil }

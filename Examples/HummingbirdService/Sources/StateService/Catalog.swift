@@ -67,16 +67,19 @@ public final class Catalog: Sendable {
         self.tenantStore = tenantStore
         config = AsyncState(
             wrappedValue: ServiceConfig(version: 0, features: [:]), expiry: settings.configExpiry, clock: clock,
-            retry: retry, timeout: settings.fetchTimeout, failureExpiry: settings.failureExpiry,
+            retry: retry, timeout: settings.fetchTimeout, softTimeout: settings.softTimeout,
+            failureExpiry: settings.failureExpiry,
             refreshAfter: settings.configExpiry * 0.8, maxStaleAge: settings.maxStaleAge, name: "config",
             observer: observer)
         rates = AsyncState(
             wrappedValue: Rates(base: "", rates: [:]), expiry: settings.ratesExpiry, clock: clock, retry: retry,
-            timeout: settings.fetchTimeout, failureExpiry: settings.failureExpiry, staleWhileRevalidate: true,
+            timeout: settings.fetchTimeout, softTimeout: settings.softTimeout, failureExpiry: settings.failureExpiry,
+            staleWhileRevalidate: true,
             maxStaleAge: settings.maxStaleAge, name: "rates", observer: observer)
         profiles = AsyncStateFamily(
             expiry: settings.profileExpiry, capacity: settings.profileCapacity,
             idleExpiry: settings.profileIdleExpiry, clock: clock, retry: retry, timeout: settings.fetchTimeout,
+            softTimeout: settings.softTimeout,
             failureExpiry: settings.failureExpiry, refreshAfter: settings.profileExpiry * 0.8,
             maxStaleAge: settings.maxStaleAge, name: "profiles", observer: observer)
         // Bounded by count and by weight: tenants are written by clients (each capped by the write
@@ -84,7 +87,8 @@ public final class Catalog: Sendable {
         tenants = AsyncStateFamily(
             expiry: settings.tenantExpiry, capacity: settings.profileCapacity,
             maximumWeight: settings.tenantMaximumBytes, weigher: { _, config in config.weight }, clock: clock,
-            retry: retry, timeout: settings.fetchTimeout, failureExpiry: settings.failureExpiry,
+            retry: retry, timeout: settings.fetchTimeout, softTimeout: settings.softTimeout,
+            failureExpiry: settings.failureExpiry,
             maxStaleAge: settings.maxStaleAge, name: "tenants", observer: observer)
         invalidator = bus.map {
             AsyncStateInvalidator(

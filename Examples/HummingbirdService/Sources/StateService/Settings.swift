@@ -24,6 +24,7 @@ import PostgresNIO
 /// | `RETRY_INITIAL_DELAY` | 0.1 | The first backoff; doubled after each failure. |
 /// | `FETCH_TIMEOUT` | 2 | Longest an attempt may take. |
 /// | `FAILURE_EXPIRY` | 1 | How long a failure is answered without asking the upstream again (`Retry-After`). |
+/// | `SOFT_TIMEOUT` | 0 (off) | How long a request waits for a fetch before it gets the value held instead; the fetch goes on and its result lands. Below `FETCH_TIMEOUT`. |
 /// | `MAX_STALE_AGE` | 0 (off) | Fail-safe: while the upstream fails, a value younger than this is answered instead of the failure (`GET /profiles/:id` answers it; the snapshot routes serve their last value on a failure anyway). |
 /// | `UPSTREAM_LATENCY` | 0.02 | How long the simulated upstream takes per call. |
 /// | `STATE_FILE` | (none) | Where the states are saved on shutdown and loaded from at start (warm restarts). |
@@ -55,6 +56,8 @@ public struct Settings: Sendable, Equatable {
     public var failureExpiry = Duration.seconds(1)
     /// Fail-safe's maximum stale age; `nil` for off.
     public var maxStaleAge: Duration?
+    /// The soft timeout of every fetch; `nil` for off.
+    public var softTimeout: Duration?
     public var upstreamLatency = Duration.milliseconds(20)
     public var stateFile: String?
     public var tenantExpiry = Duration.seconds(60)
@@ -94,6 +97,7 @@ public struct Settings: Sendable, Equatable {
         fetchTimeout = try read.seconds("FETCH_TIMEOUT") ?? fetchTimeout
         failureExpiry = try read.seconds("FAILURE_EXPIRY", allowingZero: true) ?? failureExpiry
         if let age = try read.seconds("MAX_STALE_AGE", allowingZero: true) { maxStaleAge = age > .zero ? age : nil }
+        if let soft = try read.seconds("SOFT_TIMEOUT", allowingZero: true) { softTimeout = soft > .zero ? soft : nil }
         upstreamLatency = try read.seconds("UPSTREAM_LATENCY", allowingZero: true) ?? upstreamLatency
         stateFile = read.string("STATE_FILE")
         tenantExpiry = try read.seconds("TENANT_EXPIRY") ?? tenantExpiry

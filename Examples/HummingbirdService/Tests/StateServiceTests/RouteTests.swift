@@ -130,7 +130,12 @@ import Testing
             await clock.advance(by: fixture.settings.profileExpiry)  // expired: the next read fetches
             let stale = try await getAll(["/profiles/7"], from: client, advancing: clock)
             #expect(stale.map(\.status) == [.ok])
-            #expect(stale.first?.text == first.first?.text)
+            // The same profile (compared decoded: the encoder's key order is not fixed).
+            let decode = { (response: TestResponse?) in
+                response.flatMap { try? JSONDecoder().decode(Profile.self, from: Data($0.text.utf8)) }
+            }
+            #expect(decode(stale.first) == Profile(id: 7, name: "user 7"))
+            #expect(decode(stale.first) == decode(first.first))
             await clock.advance(by: .seconds(30))  // 60 s old: as old as the maximum
             await clock.advance(by: fixture.settings.failureExpiry)
             let failed = try await getAll(["/profiles/7"], from: client, advancing: clock)
@@ -138,6 +143,26 @@ import Testing
         }
         #expect(fixture.metric(#"async_state_fail_safe_serves_total{state="profiles"}"#) == 1)
         #expect(fixture.metric(#"async_state_failures_total{state="profiles"}"#) == 2)
+    }
+
+    @Test func aSoftTimeoutAnswersASlowUpstreamWithTheHeldProfileAndItsLateAnswerLands() async throws {
+        let fixture = Fixture(latency: .seconds(3)) {
+            $0.softTimeout = .seconds(1)
+            $0.fetchTimeout = .seconds(10)
+        }
+        let clock = fixture.clock
+        try await fixture.routes().test(.router) { client async throws in
+            #expect(try await getAll(["/profiles/7"], from: client, advancing: clock).map(\.status) == [.ok])
+            await clock.advance(by: fixture.settings.profileExpiry)  // expired
+            let start = clock.now
+            let held = try await getAll(["/profiles/7"], from: client, advancing: clock)
+            #expect(held.map(\.status) == [.ok])
+            #expect(start.duration(to: clock.now) < .seconds(2))  // answered at the soft timeout
+            await clock.advance(by: .seconds(3))  // the upstream's late answer lands
+            #expect(fixture.upstream.calls("profiles") == 2)
+        }
+        #expect(fixture.metric(#"async_state_soft_timeouts_total{state="profiles"}"#) == 1)
+        #expect(fixture.metric(#"async_state_fetch_duration_seconds_count{state="profiles",outcome="success"}"#) == 2)
     }
 
     @Test func theMetricsEndpointServesTheRegistry() async throws {
