@@ -97,13 +97,14 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///     ``AsyncStateError/timedOut(after:)`` (a failure, which the retry policy may retry), even if the
     ///     operation ignores cancellation; the operation is cancelled and its late result dropped.
     ///     `nil` (the default), zero or negative: no timeout.
-    ///   - softTimeout: How long the callers of a fetch wait before they get the value the state holds
-    ///     instead (with `maxStaleAge`, only one fail-safe would answer): the fetch goes on in the
-    ///     background and its result lands when it arrives, so a slow source never makes callers wait
-    ///     past this, yet its answer is not lost. Counted from the fetch's start; applies to
-    ///     ``value(retry:_:)`` and ``fetch(retry:_:)``. Callers with no such value keep waiting. `nil`
-    ///     (the default), zero or less, or not shorter than `timeout`: off. See
-    ///     <doc:WhenTheSourceIsDown>.
+    ///   - softTimeout: How long readers (``value(retry:_:)``, ``fetch(retry:_:)``, ``snapshot(retry:_:)``)
+    ///     wait for a fetch in flight — theirs, a refresh, a periodic run — before they get the value
+    ///     the state holds instead (with `maxStaleAge`, only one fail-safe would answer): the fetch
+    ///     goes on in the background and its result lands when it arrives, so a slow source never
+    ///     makes a reader wait past this, yet its answer is not lost. Counted from the fetch's start.
+    ///     Readers with no such value keep waiting; ``refresh(retry:_:)``, ``retry(_:)`` and
+    ///     ``run(every:retry:_:)`` wait for the new data. `nil` (the default), zero or less, or not
+    ///     shorter than `timeout`: off. See <doc:WhenTheSourceIsDown>.
     ///   - failureExpiry: How long a failure is answered from memory (a negative cache): within it,
     ///     ``value(retry:_:)`` throws the cached error and ``fetch(retry:_:)`` returns at once, without
     ///     calling the source again. ``refresh(retry:_:)``, ``retry(_:)``, ``run(every:retry:_:)`` and

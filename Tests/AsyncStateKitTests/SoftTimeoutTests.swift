@@ -173,4 +173,44 @@ import Testing
         await clock.settle()
         #expect(clock.pendingSleepers == 0)
     }
+
+    @Test func aReaderThatJoinsARefreshIsReleasedAtItsSoftTimeoutAndTheRefresherWaits() async throws {
+        let clock = VirtualClock()
+        let log = EventLog()
+        let state = AsyncState<Int>(
+            wrappedValue: 0, expiry: .seconds(1), clock: clock, softTimeout: .seconds(2), name: "s", observer: log)
+        await state.set(1)
+        await clock.advance(by: .seconds(1))  // expired
+        let refresher = Caller(on: clock) {
+            await state.refresh(Source<Int>().operation(on: clock, delay: .seconds(5), value: 2))
+            return -1
+        }
+        await clock.advance(by: .seconds(1))
+        let reader = Caller(on: clock) { try await state.value { 9 } }  // joins the refresh at 1 s
+        await clock.advance(by: .seconds(1) - .nanoseconds(1))
+        #expect(await !reader.isAnswered(settling: clock))
+        await clock.advance(by: .nanoseconds(1))  // the refresh's soft timeout, 2 s after its start
+        #expect(await reader.value(settling: clock) == 1)
+        #expect(await !refresher.isAnswered(settling: clock))
+        await clock.advance(by: .seconds(3))
+        #expect(await refresher.value(settling: clock) == -1)
+        #expect(state.wrappedValue == 2)
+        #expect(log.all.filter { $0 == "s softTimeout" }.count == 1)
+    }
+
+    @Test func aPeriodicRunsReadersAreReleasedToo() async throws {
+        let clock = VirtualClock()
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(1), clock: clock, softTimeout: .seconds(1))
+        await state.set(1)
+        let runs = Source<Int>()
+        let loop = clock.task {
+            try await state.run(every: .seconds(10), runs.operation(on: clock, delay: .seconds(4), value: 3))
+        }
+        await clock.advance(by: .seconds(10))  // the second run starts, whatever the freshness
+        let reader = Caller(on: clock) { try await state.value { 9 } }
+        await clock.advance(by: .seconds(1))
+        #expect(await reader.value(settling: clock) == 1)
+        loop.cancel()
+        _ = try? await loop.value
+    }
 }

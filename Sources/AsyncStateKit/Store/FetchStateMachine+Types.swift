@@ -89,9 +89,12 @@ extension FetchStateMachine {
         @usableFromInline var startedWithValue: Bool
         /// Set by ``invalidate(now:)`` during the flight: its result lands already expired.
         @usableFromInline var expiresOnArrival: Bool
-        /// Set when its soft timeout passed: it runs in the background since, and a caller that would
+        /// Set when its soft timeout passed: it runs in the background since, and a reader that would
         /// join it is answered with a usable value at once instead.
         @usableFromInline var isPastSoftTimeout = false
+        /// The waiters its soft timeout does not release (`refresh`, `retry`, periodic runs: they ask
+        /// for new data); only kept with a soft timeout.
+        @usableFromInline var patientWaiters: Set<WaiterID> = []
         /// How failed attempts are retried.
         @usableFromInline var policy: RetryPolicy
         /// When the flight started (for the retry budget and the observer's duration).

@@ -224,6 +224,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
             // make this insert copy the box or every waiter (copy-on-write), which is quadratic for
             // many joiners.
             mutateFlight { $0.waiters.insert(waiter) }
+            waitsPastSoftTimeout(waiter, mode)
             return .join
         }
         // A new flight; `refresh` takes over the old one's waiters, whose result will be dropped.
@@ -233,7 +234,16 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
                 waiter: waiter, operation: operation, now: now, policy: policy,
                 kind: mode == .append && data.hasValue ? .append : .foreground, reason: reason)
         else { return .fail(AsyncStateError.tooManyAbandonedOperations(limit: AsyncStateLimits.abandonedOperations)) }
+        waitsPastSoftTimeout(waiter, mode)
         return .start(attempt, replaced: replaced)
+    }
+
+    /// Marks `waiter`, waiting in `mode`, as one the soft timeout does not release, unless it is a
+    /// reader (`value`, `fetch`, `snapshot`): `refresh`, a periodic run and an append ask for new data,
+    /// and wait for it.
+    @inlinable mutating func waitsPastSoftTimeout(_ waiter: WaiterID, _ mode: FetchMode) {
+        guard configuration.softTimeout != nil, mode != .ifExpired, mode != .staleWhileRevalidate else { return }
+        mutateFlight { $0.patientWaiters.insert(waiter) }
     }
 
     /// A caller asks to retry: while a flight waits out a backoff, its next attempt starts now;
@@ -247,6 +257,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         if flightBox != nil {
             guard flightBox?.flight.retryAt != nil, !isReentrant(callerAttempts) else { return .ignore }
             mutateFlight { $0.waiters.insert(waiter) }
+            waitsPastSoftTimeout(waiter, .always)
             let backoff = takeHandles()
             return .start(startAttempt(now: now), cancel: backoff)
         }
@@ -259,6 +270,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
             let attempt = begin(
                 waiter: waiter, operation: operation, now: now, policy: nil, kind: .foreground, reason: .retry)
         else { return .ignore }
+        waitsPastSoftTimeout(waiter, .always)
         return .start(attempt, cancel: Handles())
     }
 
@@ -296,7 +308,10 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     @inlinable
     mutating func waiterCancelled(_ waiter: WaiterID) -> WaiterCancelledAction {
         guard flightBox?.flight.waiters.contains(waiter) == true else { return .none }
-        mutateFlight { $0.waiters.remove(waiter) }  // in place, as in fetch
+        mutateFlight {  // in place, as in fetch
+            $0.waiters.remove(waiter)
+            $0.patientWaiters.remove(waiter)
+        }
         guard let box = flightBox, box.flight.waiters.isEmpty, !box.flight.kind.keepsAlive else { return .left }
         return lastWaiterLeft()
     }
@@ -401,14 +416,22 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         mutateFlight {
             $0.handles.softTimer = nil
             $0.isPastSoftTimeout = true
+            // It goes on whoever leaves now: its result is to land.
+            if $0.kind == .foreground { $0.kind = .background }
         }
-        guard let value = softTimeoutValue(at: now), flightBox?.flight.waiters.isEmpty == false else { return .none }
-        var waiters = Set<WaiterID>()
+        guard let value = softTimeoutValue(at: now), let flight = flightBox?.flight,
+            flight.waiters.count > flight.patientWaiters.count
+        else { return .none }
+        var readers = Set<WaiterID>()
         mutateFlight {
-            swap(&waiters, &$0.waiters)
-            $0.kind = .background
+            if $0.patientWaiters.isEmpty {
+                swap(&readers, &$0.waiters)
+            } else {
+                readers = $0.waiters.subtracting($0.patientWaiters)
+                $0.waiters = $0.patientWaiters
+            }
         }
-        return .answer(waiters: waiters, value: value)
+        return .answer(waiters: readers, value: value)
     }
 
     /// The value a soft timeout answers at `now`: the one fail-safe would (with a maximum stale age),
@@ -492,12 +515,11 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         return attempt(now: now, starts: nil)
     }
 
-    /// The flight's current attempt, starting at `now`. The first attempt of a flight that callers
-    /// started for a value (`value`, `fetch`: not `refresh`, `retry`, a periodic run or an append)
-    /// carries the flight's soft timeout.
+    /// The flight's current attempt, starting at `now`. The first attempt of a flight carries the
+    /// flight's soft timeout (not an append's, which no reader joins).
     @inlinable func attempt(now: Duration, starts: Reason?) -> Attempt {
         let box = flightBox!
-        let softTimeout = starts == .fetch && box.flight.kind == .foreground ? configuration.softTimeout : nil
+        let softTimeout = starts != nil && box.flight.kind != .append ? configuration.softTimeout : nil
         return Attempt(
             flight: box.flight.id, id: box.flight.attempt, operation: box.flight.operation,
             timeoutAt: configuration.timeout.map { now.saturatingAdd($0) },

@@ -27,6 +27,7 @@ import PostgresNIO
 /// | `SOFT_TIMEOUT` | 0 (off) | How long a request waits for a fetch before it gets the value held instead; the fetch goes on and its result lands. Below `FETCH_TIMEOUT`. |
 /// | `MAX_STALE_AGE` | 0 (off) | Fail-safe: while the upstream fails, a value younger than this is answered instead of the failure (`GET /profiles/:id` answers it; the snapshot routes serve their last value on a failure anyway). |
 /// | `UPSTREAM_LATENCY` | 0.02 | How long the simulated upstream takes per call. |
+/// | `UPSTREAM_OUTAGE` | (none) | `after,down,slow,latency` in seconds: from `after` seconds after the start, the simulated upstream fails for `down` seconds, then takes `latency` per call for `slow` seconds (to try fail-safe and the soft timeout under load). |
 /// | `STATE_FILE` | (none) | Where the states are saved on shutdown and loaded from at start (warm restarts). |
 /// | `TENANT_EXPIRY` | 60 | How long a tenant's configuration is fresh: the longest a replica can serve an old one if an invalidation is lost. |
 /// | `TENANT_MAX_BYTES` | 67108864 | What the cached tenants' settings may weigh together, in bytes. |
@@ -59,6 +60,7 @@ public struct Settings: Sendable, Equatable {
     /// The soft timeout of every fetch; `nil` for off.
     public var softTimeout: Duration?
     public var upstreamLatency = Duration.milliseconds(20)
+    public var upstreamOutage: UpstreamOutage?
     public var stateFile: String?
     public var tenantExpiry = Duration.seconds(60)
     public var tenantMaximumBytes = 64 << 20
@@ -99,6 +101,7 @@ public struct Settings: Sendable, Equatable {
         if let age = try read.seconds("MAX_STALE_AGE", allowingZero: true) { maxStaleAge = age > .zero ? age : nil }
         if let soft = try read.seconds("SOFT_TIMEOUT", allowingZero: true) { softTimeout = soft > .zero ? soft : nil }
         upstreamLatency = try read.seconds("UPSTREAM_LATENCY", allowingZero: true) ?? upstreamLatency
+        upstreamOutage = try read.outage("UPSTREAM_OUTAGE")
         stateFile = read.string("STATE_FILE")
         tenantExpiry = try read.seconds("TENANT_EXPIRY") ?? tenantExpiry
         tenantMaximumBytes = try read.integer("TENANT_MAX_BYTES", in: 1...(1 << 40)) ?? tenantMaximumBytes
@@ -294,6 +297,22 @@ private struct EnvironmentReader {
     }
 
     /// Seconds, up to a year: a positive decimal (or zero, if `allowingZero`).
+    /// `after,down,slow,latency`: four numbers of seconds, each 0 to a year.
+    func outage(_ name: String) throws(SettingsError) -> UpstreamOutage? {
+        guard let text = string(name) else { return nil }
+        let malformed = SettingsError(variable: name, value: text, expected: "after,down,slow,latency in seconds")
+        let parts = text.split(separator: ",", omittingEmptySubsequences: false).map(String.init)
+        guard parts.count == 4 else { throw malformed }
+        var fields: [Duration] = []
+        for part in parts {
+            // Each part as its own variable would be read: a number of seconds, 0 to a year.
+            guard let field = try? EnvironmentReader(environment: [name: part]).seconds(name, allowingZero: true)
+            else { throw malformed }
+            fields.append(field)
+        }
+        return UpstreamOutage(after: fields[0], down: fields[1], slow: fields[2], slowLatency: fields[3])
+    }
+
     func seconds(_ name: String, allowingZero: Bool = false) throws(SettingsError) -> Duration? {
         guard let text = string(name) else { return nil }
         let year = 365.0 * 24 * 3600

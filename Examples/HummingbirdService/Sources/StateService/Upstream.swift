@@ -63,39 +63,70 @@ public protocol Upstream: Sendable {
     func profiles(_ ids: [Int]) async throws -> [Int: Profile]
 }
 
+/// A bad day for the simulated upstream, from its start: after `after`, every call fails for `down`
+/// (``UpstreamError/unavailable``), then answers after `slowLatency` for `slow`, then recovers.
+public struct UpstreamOutage: Sendable, Equatable {
+    public var after: Duration
+    public var down: Duration
+    public var slow: Duration
+    public var slowLatency: Duration
+
+    /// Creates an outage schedule.
+    public init(after: Duration, down: Duration, slow: Duration, slowLatency: Duration) {
+        (self.after, self.down, self.slow, self.slowLatency) = (after, down, slow, slowLatency)
+    }
+}
+
 /// An in-process stand-in for a real upstream: each call sleeps `latency` on `clock` (a
 /// `ContinuousClock` when running, a `VirtualClock` in tests) and answers; ids above 1,000,000 are
-/// unknown. Replace it with your database or HTTP client.
+/// unknown. An ``UpstreamOutage`` makes it fail, then slow, for a while. Replace it with your
+/// database or HTTP client.
 public struct SimulatedUpstream<C: Clock<Duration>>: Upstream {
     /// How long each call takes.
     public var latency: Duration
     /// The clock the calls sleep on.
     public var clock: C
+    /// The outage to play, counted from `start`; `nil` for none.
+    public var outage: UpstreamOutage?
+    /// When the upstream was made.
+    public let start: C.Instant
 
-    /// Creates an upstream whose calls take `latency` on `clock`.
-    public init(latency: Duration, clock: C) {
+    /// Creates an upstream whose calls take `latency` on `clock`, and that plays `outage` from now.
+    public init(latency: Duration, clock: C, outage: UpstreamOutage? = nil) {
         self.latency = latency
         self.clock = clock
+        self.outage = outage
+        start = clock.now
+    }
+
+    /// Waits as a call does now — or throws, while the outage is down.
+    private func call() async throws {
+        guard let outage else { return try await clock.sleep(for: latency) }
+        let elapsed = start.duration(to: clock.now)
+        let downEnds = outage.after + outage.down
+        if elapsed >= outage.after, elapsed < downEnds { throw UpstreamError.unavailable }
+        try await clock.sleep(
+            for: elapsed >= downEnds && elapsed < downEnds + outage.slow ? outage.slowLatency : latency)
     }
 
     public func config() async throws -> ServiceConfig {
-        try await clock.sleep(for: latency)
+        try await call()
         return ServiceConfig(version: 1, features: ["search": true, "beta-checkout": false])
     }
 
     public func rates() async throws -> Rates {
-        try await clock.sleep(for: latency)
+        try await call()
         return Rates(base: "EUR", rates: ["USD": 1.08, "GBP": 0.85, "JPY": 163.2])
     }
 
     public func profile(_ id: Int) async throws -> Profile {
-        try await clock.sleep(for: latency)
+        try await call()
         guard let profile = Self.profile(id) else { throw UpstreamError.notFound }
         return profile
     }
 
     public func profiles(_ ids: [Int]) async throws -> [Int: Profile] {
-        try await clock.sleep(for: latency)
+        try await call()
         var profiles: [Int: Profile] = [:]
         for id in ids { profiles[id] = Self.profile(id) }
         return profiles

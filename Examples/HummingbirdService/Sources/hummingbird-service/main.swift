@@ -46,7 +46,9 @@ if let postgres = settings.postgres {
     services += [client, postgresBus]
 }
 let catalog = Catalog(
-    settings: settings, upstream: SimulatedUpstream(latency: settings.upstreamLatency, clock: ContinuousClock()),
+    settings: settings,
+    upstream: SimulatedUpstream(
+        latency: settings.upstreamLatency, clock: ContinuousClock(), outage: settings.upstreamOutage),
     observer: observer, tenantStore: tenantStore, bus: bus, authenticator: authenticator)
 if let invalidator = catalog.invalidator {
     services.append(InvalidationService(invalidator: invalidator))

@@ -23,6 +23,20 @@ import Testing
         #expect(settings.upstreamLatency == .milliseconds(250))
     }
 
+    @Test func sourceDownVariables() throws {
+        let settings = try Settings(environment: [
+            "MAX_STALE_AGE": "60", "SOFT_TIMEOUT": "0.2", "UPSTREAM_OUTAGE": "5,10,10,1.5",
+        ])
+        #expect(settings.maxStaleAge == .seconds(60))
+        #expect(settings.softTimeout == .milliseconds(200))
+        #expect(
+            settings.upstreamOutage
+                == UpstreamOutage(
+                    after: .seconds(5), down: .seconds(10), slow: .seconds(10), slowLatency: .seconds(1.5)))
+        let off = try Settings(environment: ["MAX_STALE_AGE": "0", "SOFT_TIMEOUT": "0"])
+        #expect(off.maxStaleAge == nil && off.softTimeout == nil && off.upstreamOutage == nil)
+    }
+
     @Test func postgresAndTenantVariables() throws {
         let settings = try Settings(environment: [
             "POSTGRES_URL": "postgres://app:s%40cret@db.internal:6543/service", "TENANT_EXPIRY": "20",
@@ -51,6 +65,8 @@ import Testing
         ("POSTGRES_URL", "mysql://app@host/db"), ("POSTGRES_URL", "postgres://host/db"),
         ("POSTGRES_URL", "postgres://app@host/"), ("POSTGRES_URL", "postgres://app@host:0/db"),
         ("INVALIDATION_CHANNEL", "Tenants"), ("INVALIDATION_CHANNEL", "a\"; DROP TABLE x; --"),
+        ("MAX_STALE_AGE", "-1"), ("SOFT_TIMEOUT", "x"), ("UPSTREAM_OUTAGE", "5,10,10"),
+        ("UPSTREAM_OUTAGE", "5,,10,1"), ("UPSTREAM_OUTAGE", "5,10,10,-1"), ("UPSTREAM_OUTAGE", "1,2,3,4,5"),
     ])
     func aMalformedVariableIsAnErrorThatNamesIt(variable: String, value: String) {
         do {
