@@ -22,6 +22,11 @@ public enum AsyncStateError: Error, Sendable, Hashable, CustomStringConvertible 
     /// was asked for. That key's fetch fails with this error; the other keys are unaffected.
     case missingFromBatch
 
+    /// A conditional operation (``AsyncState/value(retry:revalidating:)``) answered
+    /// ``AsyncStateRevalidation/notModified`` when the state had no value to keep. The fetch fails
+    /// with this error, which the retry policy may retry (the operation is then given no value again).
+    case notModifiedWithoutValue
+
     /// A walk over a paged state's listing (``AsyncPagedState/allPages(retry:_:)``) needed the page at
     /// this index, which the state no longer keeps: its `maxPages` dropped it after other callers
     /// read further.
@@ -41,6 +46,8 @@ public enum AsyncStateError: Error, Sendable, Hashable, CustomStringConvertible 
             return "run(every:) needs a positive interval, not \(interval)"
         case .missingFromBatch:
             return "the batch operation returned no value for this key"
+        case .notModifiedWithoutValue:
+            return "the operation answered “not modified” but there was no value to keep"
         case .pageNoLongerKept(let index):
             return "page \(index) of the listing is no longer kept (maxPages dropped it)"
         }

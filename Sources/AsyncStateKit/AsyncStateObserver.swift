@@ -79,6 +79,10 @@ public struct AsyncStateEvent: Sendable {
         case attemptFailed(error: any Error, attempt: Int, retryIn: Duration)
         /// The fetch succeeded after `attempts` attempts, `duration` after it started.
         case succeeded(duration: Duration, attempts: Int)
+        /// The fetch that just ``succeeded(duration:attempts:)`` kept the value: its operation answered
+        /// ``AsyncStateRevalidation/notModified`` (an entity tag's 304), which renewed the value's
+        /// freshness without replacing it.
+        case notModified
         /// The fetch failed with `error` after `attempts` attempts, `duration` after it started.
         case failed(error: any Error, duration: Duration, attempts: Int)
         /// The fetch in flight was cancelled.

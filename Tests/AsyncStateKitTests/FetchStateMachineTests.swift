@@ -105,10 +105,10 @@ import Testing
                 case .retry: return "retry"
                 case .start(let attempt, _): return "start(\(attempt.operation))"
                 case .settle(let waiters, .success(let value), _, _, _): return "settle(\(waiters.count), \(value))"
-                case .settle(let waiters, .failure(let error), _, _, nil):
-                    return "settle(\(waiters.count), \(Self.name(of: error)))"
-                case .settle(let waiters, .failure(let error), _, _, let value?):
+                case .settle(let waiters, .failure(let error), _, _, .failSafe(let value)):
                     return "settle(\(waiters.count), \(Self.name(of: error)))+failSafe(\(value))"
+                case .settle(let waiters, .failure(let error), _, _, _):
+                    return "settle(\(waiters.count), \(Self.name(of: error)))"
                 }
             }
             func finish(_ outcome: Machine.Outcome) -> String {

@@ -28,7 +28,8 @@ final class FlightLedger: AsyncStateObserver {
                 state.inFlight.insert(key)
             case .succeeded, .failed, .cancelled:
                 if state.inFlight.remove(key) == nil { state.problems.append("\(key): \(event.kind) without a start") }
-            case .hit, .servedStale, .failSafe, .softTimeout, .joined, .attemptFailed, .invalidated, .removed:
+            case .hit, .servedStale, .failSafe, .softTimeout, .notModified, .joined, .attemptFailed, .invalidated,
+                .removed:
                 break
             }
         }

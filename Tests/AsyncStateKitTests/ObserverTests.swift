@@ -16,6 +16,7 @@ final class EventLog: AsyncStateObserver {
         case .servedStale: kind = "servedStale"
         case .failSafe(let error): kind = "failSafe(\(type(of: error)))"
         case .softTimeout: kind = "softTimeout"
+        case .notModified: kind = "notModified"
         case .joined: kind = "joined"
         case .started(let reason): kind = "started(\(reason))"
         case .attemptFailed(let error, let attempt, let retryIn):

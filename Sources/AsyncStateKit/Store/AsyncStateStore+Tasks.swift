@@ -90,6 +90,8 @@ extension AsyncStateStore {
                 outcome = .success(try await OperationContext.runningLocal.withValue(marked) { try await operation() })
             } catch is CancellationError {
                 outcome = .cancelled
+            } catch is NotModified {
+                outcome = .notModified
             } catch {
                 outcome = .failure(error)
             }

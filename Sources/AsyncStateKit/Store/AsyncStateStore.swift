@@ -451,20 +451,27 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         case .start(let attempt, let cancel):
             effects.cancel(cancel)
             start(attempt, at: now, in: &core, &effects)
-        case .settle(let ids, let result, let report, let cancel, let failSafe):
+        case .settle(let ids, let result, let report, let cancel, let answer):
             effects.cancel(cancel)
             switch result {
             case .success:
                 record(.succeeded(duration: report.duration, attempts: report.attempts), in: &effects)
+                if case .notModified = answer { record(.notModified, in: &effects) }
             case .failure(is CancellationError):
                 record(.cancelled, in: &effects)
             case .failure(let error):
                 record(.failed(error: error, duration: report.duration, attempts: report.attempts), in: &effects)
                 // Each waiter answered by fail-safe is reported, as each caller that joins is.
-                if failSafe != nil, events != nil { for _ in ids { record(.failSafe(error: error), in: &effects) } }
+                if case .failSafe = answer, events != nil {
+                    for _ in ids { record(.failSafe(error: error), in: &effects) }
+                }
             }
             publish(core.machine, at: now)
-            resume(ids, with: failSafe.map { .success($0) } ?? result, in: &core, &effects)
+            if case .failSafe(let value) = answer {
+                resume(ids, with: .success(value), in: &core, &effects)
+            } else {
+                resume(ids, with: result, in: &core, &effects)
+            }
         }
     }
 

@@ -152,6 +152,8 @@ extension FetchStateMachine {
         case failure(any Error)
         /// It threw `CancellationError` (by itself or because it was cancelled).
         case cancelled
+        /// It answered that the value it was given is still current (conditional refresh).
+        case notModified
     }
 
     /// An attempt for the shell to run now: run `operation` in a task, give the task and the timer
@@ -239,11 +241,21 @@ extension FetchStateMachine {
         case retry(flight: FlightID, attempt: AttemptID, at: Duration, error: any Error, attempts: Int, cancel: Handles)
         /// Start this attempt now.
         case start(Attempt, cancel: Handles)
-        /// The flight settled with `result` (its outcome): resume `waiters` with it — or, when
-        /// `failSafe` is set (the flight failed and fail-safe answers), with that value instead.
+        /// The flight settled with `result` (its outcome): resume `waiters` with it — or, as `answer`
+        /// says, with the value fail-safe answers instead.
         case settle(
             waiters: Set<WaiterID>, result: Result<Value, any Error>, report: FlightReport, cancel: Handles,
-            failSafe: Value?)
+            answer: SettleAnswer)
+    }
+
+    /// What a settle's waiters get besides its result, and what the observer hears of it.
+    @usableFromInline enum SettleAnswer {
+        /// The result.
+        case result
+        /// This value instead of the result, a failure: fail-safe.
+        case failSafe(Value)
+        /// The result, a success that kept the value: the operation answered "not modified".
+        case notModified
     }
 
     /// What to do after ``softTimeoutPassed(_:now:)``.

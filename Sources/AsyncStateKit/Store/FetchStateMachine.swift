@@ -381,13 +381,12 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         mutateFlight { $0.handles.attempt = nil }
         switch outcome {
         case .success(let newValue):
-            let freshness: StateData<Value>.Freshness =
-                flightBox!.flight.expiresOnArrival
-                ? .expired : flightBox!.flight.kind == .append ? .unchanged : .from(now)
-            let report = self.report(at: now)
-            let (waiters, handles) = takeFlight()
-            data.succeed(newValue, isEmpty: isEmpty(newValue), now: now, date: date, freshness: freshness)
-            return .settle(waiters: waiters, result: .success(newValue), report: report, cancel: handles, failSafe: nil)
+            return settleSucceeded(with: newValue, now: now, date: date, answer: .result)
+        case .notModified:
+            // The value it was given is current: a success that keeps it, renewed as a new one would
+            // be. With no value to keep, a failure.
+            guard data.hasValue else { return attemptFailed(AsyncStateError.notModifiedWithoutValue, now: now) }
+            return settleSucceeded(with: data.value, now: now, date: date, answer: .notModified)
         case .failure(let error):
             return attemptFailed(error, now: now)
         case .cancelled:
@@ -545,6 +544,18 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
             cancel: handles)
     }
 
+    /// The flight succeeded with `value` (new, or kept as `answer` says) at `now`, on `date`.
+    @inlinable mutating func settleSucceeded(with value: Value, now: Duration, date: Date, answer: SettleAnswer)
+        -> FlightAction
+    {
+        let freshness: StateData<Value>.Freshness =
+            flightBox!.flight.expiresOnArrival ? .expired : flightBox!.flight.kind == .append ? .unchanged : .from(now)
+        let report = self.report(at: now)
+        let (waiters, handles) = takeFlight()
+        data.succeed(value, isEmpty: isEmpty(value), now: now, date: date, freshness: freshness)
+        return .settle(waiters: waiters, result: .success(value), report: report, cancel: handles, answer: answer)
+    }
+
     @inlinable mutating func settleFailed(_ error: any Error, now: Duration) -> FlightAction {
         let kind = flightBox!.flight.kind
         let report = self.report(at: now)
@@ -558,14 +569,15 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         // caller asked for more than that value.
         let failSafe = kind == .append ? nil : failSafeValue(at: now)
         return .settle(
-            waiters: waiters, result: .failure(error), report: report, cancel: handles, failSafe: failSafe)
+            waiters: waiters, result: .failure(error), report: report, cancel: handles,
+            answer: failSafe.map(SettleAnswer.failSafe) ?? .result)
     }
 
     @inlinable mutating func settleCancelled(now: Duration) -> FlightAction {
         let report = self.report(at: now)
         let (waiters, handles) = takeFlight()
         return .settle(
-            waiters: waiters, result: .failure(CancellationError()), report: report, cancel: handles, failSafe: nil)
+            waiters: waiters, result: .failure(CancellationError()), report: report, cancel: handles, answer: .result)
     }
 
     /// The flight's duration so far and its attempts.

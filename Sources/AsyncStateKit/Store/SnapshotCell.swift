@@ -51,6 +51,9 @@ final class SnapshotCell<Value: Sendable>: Sendable {
 
     @inlinable var phase: AsyncPhase { contents.withLock { $0.snapshot.phase } }
 
+    /// The value, if it came from a fetch or a write (``AsyncSnapshot/previousValue``).
+    @inlinable var previousValue: Value? { contents.withLock { $0.snapshot.previousValue } }
+
     /// The current snapshot, expired or not at `now`.
     @inlinable
     func snapshot(at now: Duration) -> AsyncSnapshot<Value> {

@@ -27,6 +27,8 @@ public struct LoggingObserver: AsyncStateObserver {
         case .failSafe(let error):
             metadata["error"] = "\(error)"
             logger.debug("served the last good value instead of a failure", metadata: metadata)
+        case .notModified:
+            logger.debug("not modified: the value was kept and is fresh again", metadata: metadata)
         case .softTimeout:
             logger.debug("served the last good value at the soft timeout; the fetch goes on", metadata: metadata)
         case .joined:

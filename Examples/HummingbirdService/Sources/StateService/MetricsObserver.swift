@@ -35,6 +35,7 @@ public final class MetricsObserver: AsyncStateObserver {
         case .servedStale: count("async_state_stale_serves_total", state)
         case .failSafe: count("async_state_fail_safe_serves_total", state)
         case .softTimeout: count("async_state_soft_timeouts_total", state)
+        case .notModified: count("async_state_not_modified_total", state)
         case .joined: count("async_state_misses_total", state)
         case .started(let reason):
             // The caller that starts a fetch missed too; background and periodic runs had no caller.
