@@ -29,6 +29,13 @@ import Testing
             return try? answer.withLock { $0 }?.get()
         }
 
+        /// A reader of `state` whose fetch takes `delay` and returns `value`.
+        static func reading(
+            _ state: AsyncState<Int>, on clock: VirtualClock, delay: Duration, value: Int
+        ) -> Caller {
+            Caller(on: clock) { try await state.value(Source<Int>().operation(on: clock, delay: delay, value: value)) }
+        }
+
         /// Whether it has an answer, once the clock has settled.
         func isAnswered(settling clock: VirtualClock) async -> Bool {
             await clock.settle()
@@ -36,13 +43,23 @@ import Testing
         }
     }
 
+    /// A state that holds 1, expired (set at 0 s, now 1 s, its expiry 1 s), with these options.
+    static func holdingExpiredOne(
+        on clock: VirtualClock, timeout: Duration? = nil, softTimeout: Duration?, maxStaleAge: Duration? = nil,
+        observer: EventLog? = nil
+    ) async -> AsyncState<Int> {
+        let state = AsyncState<Int>(
+            wrappedValue: 0, expiry: .seconds(1), clock: clock, timeout: timeout, softTimeout: softTimeout,
+            maxStaleAge: maxStaleAge, name: "s", observer: observer)
+        await state.set(1)
+        await clock.advance(by: .seconds(1))
+        return state
+    }
+
     @Test func callersGetTheValueAtTheSoftTimeoutAndTheLateResultLands() async throws {
         let clock = VirtualClock()
         let log = EventLog()
-        let state = AsyncState<Int>(
-            wrappedValue: 0, expiry: .seconds(1), clock: clock, softTimeout: .seconds(2), name: "s", observer: log)
-        await state.set(1)
-        await clock.advance(by: .seconds(1))  // expired
+        let state = await Self.holdingExpiredOne(on: clock, softTimeout: .seconds(2), observer: log)
         log.clear()
         let slow = Source<Int>()
         let operation = slow.operation(on: clock, delay: .seconds(10), value: 5)
@@ -80,13 +97,8 @@ import Testing
 
     @Test func withAMaximumStaleAgeOnlyAYoungEnoughValueIsAnswered() async throws {
         let clock = VirtualClock()
-        let state = AsyncState<Int>(
-            wrappedValue: 0, expiry: .seconds(1), clock: clock, softTimeout: .seconds(1), maxStaleAge: .seconds(3))
-        await state.set(1)
-        await clock.advance(by: .seconds(1))
-        let young = Caller(on: clock) {
-            try await state.value(Source<Int>().operation(on: clock, delay: .seconds(5), value: 2))
-        }
+        let state = await Self.holdingExpiredOne(on: clock, softTimeout: .seconds(1), maxStaleAge: .seconds(3))
+        let young = Caller.reading(state, on: clock, delay: .seconds(5), value: 2)
         await clock.advance(by: .seconds(1))  // the value is 2 s old at the soft timeout
         #expect(await young.value(settling: clock) == 1)
         await clock.advance(by: .seconds(4))  // the late 2 lands at 6 s
@@ -102,27 +114,20 @@ import Testing
     @Test func aSoftTimeoutNotShorterThanTheTimeoutIsOff() async throws {
         for soft in [Duration.seconds(2), .seconds(3), .zero, .seconds(-1)] {
             let clock = VirtualClock()
-            let state = AsyncState<Int>(
-                wrappedValue: 0, expiry: .seconds(1), clock: clock, timeout: .seconds(2), softTimeout: soft)
-            await state.set(1)
-            await clock.advance(by: .seconds(1))
-            let caller = clock.task {
-                try await state.value(Source<Int>().operation(on: clock, delay: .seconds(9), value: 2))
-            }
-            await clock.advance(by: .seconds(2))
-            await #expect(throws: AsyncStateError.self, "soft timeout \(soft)") { try await caller.value }
+            let state = await Self.holdingExpiredOne(on: clock, timeout: .seconds(2), softTimeout: soft)
+            let caller = Caller.reading(state, on: clock, delay: .seconds(9), value: 2)
+            await clock.advance(by: .seconds(2) - .nanoseconds(1))
+            #expect(await !caller.isAnswered(settling: clock), "soft timeout \(soft)")
+            await clock.advance(by: .nanoseconds(1))  // the hard timeout, first
+            #expect(await caller.isAnswered(settling: clock))
+            #expect(await caller.value(settling: clock) == nil)  // answered with the timeout's error
         }
     }
 
     @Test func aShorterSoftTimeoutAnswersAndTheHardTimeoutStillEndsTheAttempt() async throws {
         let clock = VirtualClock()
-        let state = AsyncState<Int>(
-            wrappedValue: 0, expiry: .seconds(1), clock: clock, timeout: .seconds(3), softTimeout: .seconds(1))
-        await state.set(1)
-        await clock.advance(by: .seconds(1))
-        let caller = Caller(on: clock) {
-            try await state.value(Source<Int>().operation(on: clock, delay: .seconds(9), value: 2))
-        }
+        let state = await Self.holdingExpiredOne(on: clock, timeout: .seconds(3), softTimeout: .seconds(1))
+        let caller = Caller.reading(state, on: clock, delay: .seconds(9), value: 2)
         await clock.advance(by: .seconds(1))
         #expect(await caller.value(settling: clock) == 1)
         await clock.advance(by: .seconds(2))  // the attempt times out in the background
@@ -177,10 +182,7 @@ import Testing
     @Test func aReaderThatJoinsARefreshIsReleasedAtItsSoftTimeoutAndTheRefresherWaits() async throws {
         let clock = VirtualClock()
         let log = EventLog()
-        let state = AsyncState<Int>(
-            wrappedValue: 0, expiry: .seconds(1), clock: clock, softTimeout: .seconds(2), name: "s", observer: log)
-        await state.set(1)
-        await clock.advance(by: .seconds(1))  // expired
+        let state = await Self.holdingExpiredOne(on: clock, softTimeout: .seconds(2), observer: log)
         let refresher = Caller(on: clock) {
             await state.refresh(Source<Int>().operation(on: clock, delay: .seconds(5), value: 2))
             return -1
