@@ -20,12 +20,20 @@ struct ReferenceModel {
         var phaseBefore: String
         var successDateBefore: Duration?
         var landsExpired: Bool
+        /// When its soft timeout passes; `nil` without one, or once it has passed.
+        var softAt: Duration?
+        /// Whether its soft timeout has passed: it then goes on with no waiter.
+        var isPastSoftTimeout = false
+        /// The waiters the soft timeout does not release (`refresh`, `retry`).
+        var patient: Set<Int> = []
     }
 
     static let initialValue = -1
     let expiry: Duration
     /// Fail-safe: a failed flight's waiters get the value if it arrived less than this long ago.
     var maxStaleAge: Duration? = nil
+    /// Readers waiting this long for a flight get a usable value instead.
+    var softTimeout: Duration? = nil
 
     var now: Duration = .zero
     var value = initialValue
@@ -34,6 +42,12 @@ struct ReferenceModel {
     var freshSince: Duration?
     /// When the value arrived (a success or a write); `nil` while there is none.
     var receivedAt: Duration?
+    /// The value a soft timeout answers: any value there is, or with a maximum stale age, a young one.
+    var softTimeoutValue: Int? {
+        guard let receivedAt else { return nil }
+        if let maxStaleAge, now - receivedAt >= maxStaleAge { return nil }
+        return value
+    }
     var flight: Flight?
     /// Callers' outcomes: "value(n)", "failed", "cancelled" (value callers) or "done" (others).
     var outcomes: [Int: String] = [:]
@@ -46,11 +60,12 @@ struct ReferenceModel {
         outcomes[caller] = wantsValue[caller] == true ? outcome : "done"
     }
 
-    mutating func startFlight(_ operation: Operation, waiters: [Int]) {
+    mutating func startFlight(_ operation: Operation, waiters: [Int], patient: Set<Int> = []) {
         let before = flight.map { ($0.phaseBefore, $0.successDateBefore) } ?? (phase, successAt)
         flight = Flight(
             operation: operation, ends: now + operation.duration, waiters: waiters, phaseBefore: before.0,
-            successDateBefore: before.1, landsExpired: false)
+            successDateBefore: before.1, landsExpired: false, softAt: softTimeout.map { now + $0 },
+            patient: (flight?.patient ?? []).union(patient))
         phase = "loading"
     }
 
@@ -68,13 +83,16 @@ struct ReferenceModel {
     mutating func value(caller: Int, _ operation: Operation) {
         wantsValue[caller] = true
         if isFresh { return resolve(caller, "value(\(value))") }
-        if flight != nil { return flight!.waiters.append(caller) }
+        if flight != nil {
+            if flight!.isPastSoftTimeout, let value = softTimeoutValue { return resolve(caller, "value(\(value))") }
+            return flight!.waiters.append(caller)
+        }
         startFlight(operation, waiters: [caller])
     }
 
     mutating func refresh(caller: Int, _ operation: Operation) {
         wantsValue[caller] = false
-        startFlight(operation, waiters: (flight?.waiters ?? []) + [caller])
+        startFlight(operation, waiters: (flight?.waiters ?? []) + [caller], patient: [caller])
     }
 
     /// `retry(_:)`: the state keeps no operation, so it runs the one it is given.
@@ -83,7 +101,7 @@ struct ReferenceModel {
         guard flight == nil, phase == "failure" || phase == "empty" else {
             return resolve(caller, "done")
         }
-        startFlight(operation, waiters: [caller])
+        startFlight(operation, waiters: [caller], patient: [caller])
     }
 
     mutating func write(_ newValue: Int) {
@@ -118,8 +136,9 @@ struct ReferenceModel {
     mutating func cancelCaller(_ caller: Int) {
         guard var current = flight, let index = current.waiters.firstIndex(of: caller) else { return }
         current.waiters.remove(at: index)
+        current.patient.remove(caller)
         resolve(caller, "cancelled")
-        if current.waiters.isEmpty {
+        if current.waiters.isEmpty, !current.isPastSoftTimeout {
             flight = nil
             restorePhase(of: current)
         } else {
@@ -129,6 +148,18 @@ struct ReferenceModel {
 
     mutating func advance(by duration: Duration) {
         let target = now + duration
+        // The soft timeout first, if it passes before the flight ends (the model's instants never tie).
+        if let softAt = flight?.softAt, softAt <= target, softAt < flight!.ends {
+            now = softAt
+            flight!.softAt = nil
+            flight!.isPastSoftTimeout = true
+            if let value = softTimeoutValue {
+                let patient = flight!.patient
+                let readers = flight!.waiters.filter { !patient.contains($0) }
+                flight!.waiters.removeAll { !patient.contains($0) }
+                for reader in readers { resolve(reader, "value(\(value))") }
+            }
+        }
         if let current = flight, current.ends <= target {
             now = current.ends
             flight = nil
@@ -161,13 +192,16 @@ struct ReferenceModel {
         // Fail-safe in a third of the sequences, with a maximum stale age shorter than or beyond the
         // expiry.
         let maxStaleAge: Duration? = [nil, nil, .seconds(2), .seconds(6)][Int(random.next() % 4)]
+        // A soft timeout in half of them: never at an instant a flight can end (those are 500 ms
+        // apart), where the model could not tell which comes first.
+        let softTimeout: Duration? = [nil, nil, .milliseconds(750), .milliseconds(1_250)][Int(random.next() % 4)]
         let state = AsyncState<Int>(
-            wrappedValue: ReferenceModel.initialValue, expiry: expiry, clock: clock, maxStaleAge: maxStaleAge,
-            isEmpty: { $0 == 0 })
+            wrappedValue: ReferenceModel.initialValue, expiry: expiry, clock: clock, softTimeout: softTimeout,
+            maxStaleAge: maxStaleAge, isEmpty: { $0 == 0 })
         let running = LockedValue(0)
         let outcomes = LockedValue([Int: String]())
         var tasks: [Int: Task<Void, any Error>] = [:]
-        var model = ReferenceModel(expiry: expiry, maxStaleAge: maxStaleAge)
+        var model = ReferenceModel(expiry: expiry, maxStaleAge: maxStaleAge, softTimeout: softTimeout)
         var log: [String] = []
 
         func makeOperation() -> (ReferenceModel.Operation, @Sendable () async throws -> Int) {
