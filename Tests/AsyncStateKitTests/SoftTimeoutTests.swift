@@ -215,4 +215,45 @@ import Testing
         loop.cancel()
         _ = try? await loop.value
     }
+
+    /// An owner whose operation captures it, with a soft timeout: a reader is answered at the soft
+    /// timeout while the fetch, holding the owner, goes on; the owner is freed once it lands.
+    actor SlowOwner {
+        @AsyncState var number: Int
+        let clock: any Clock<Duration>
+        let delay: Duration
+        let freed: DeinitFlag
+
+        init(world: World, freed: DeinitFlag) {
+            _number = AsyncState(
+                wrappedValue: 0, expiry: world.unit, clock: world.clock, softTimeout: world.unit,
+                maxStaleAge: world.unit * 100)
+            // Long past the soft timeout, so that on a real clock a loaded machine still answers first.
+            (clock, delay, self.freed) = (world.clock, world.unit * 25, freed)
+        }
+        deinit { freed.set() }
+
+        func prime() async { await $number.set(1) }
+        func load() async throws -> Int {
+            try await clock.sleep(for: delay)
+            return 2
+        }
+        func current() async throws -> Int { try await $number.value { try await self.load() } }
+    }
+
+    @Test(arguments: World.Kind.allCases)
+    func anOwnerIsFreedOnceTheFetchGoingOnPastTheSoftTimeoutLands(_ kind: World.Kind) async throws {
+        let world = World(kind: kind)
+        let freed = DeinitFlag()
+        var owner: SlowOwner? = SlowOwner(world: world, freed: freed)
+        await owner!.prime()
+        await world.pass(1)  // expired
+        let caller = world.task { [owner] in try await owner!.current() }
+        await world.pass(1)  // the soft timeout: answered with 1, the fetch goes on
+        #expect(try await caller.value == 1)
+        owner = nil
+        #expect(!freed.isSet)  // the fetch in flight holds it
+        await world.pass(25)
+        #expect(await world.eventually { freed.isSet }, "\(kind)")
+    }
 }
