@@ -167,6 +167,13 @@ import Testing
         #expect(family["k"] == 8)
     }
 
+    @Test func aHugeSoftTimeoutOnARealClockNeitherTrapsNorWaits() async throws {
+        let state = AsyncState<Int>(wrappedValue: 0, softTimeout: .seconds(Int64.max))
+        #expect(try await state.value { 1 } == 1)
+        await state.invalidate()
+        #expect(try await state.value { 2 } == 2)
+    }
+
     @Test func theFlightEndingCancelsTheSoftTimer() async throws {
         let clock = VirtualClock()
         let state = AsyncState<Int>(wrappedValue: 0, clock: clock, softTimeout: .seconds(5))
