@@ -257,9 +257,16 @@ import Testing
         await world.pass(1)  // expired
         let caller = world.task { [owner] in try await owner!.current() }
         await world.pass(1)  // the soft timeout: answered with 1, the fetch goes on
-        #expect(try await caller.value == 1)
+        let answer = try await caller.value
         owner = nil
-        #expect(!freed.isSet)  // the fetch in flight holds it
+        if kind == .virtual {
+            #expect(answer == 1)
+            #expect(!freed.isSet)  // the fetch in flight holds it
+        } else {
+            // On a real clock the soft timeout's timer is a task: on a saturated pool (the whole
+            // suite on two cores) it may run only after the fetch has landed. Either way, no leak.
+            #expect(answer == 1 || answer == 2)
+        }
         await world.pass(25)
         #expect(await world.eventually { freed.isSet }, "\(kind)")
     }
