@@ -13,7 +13,7 @@ import AsyncStateKit
 
 let mode = CommandLine.arguments.dropFirst().first ?? "family"
 let keys = CommandLine.arguments.dropFirst(2).first.flatMap(Int.init) ?? 1_000
-/// How many misses the miss modes make (a third argument; fewer for `valgrind --tool=callgrind`).
+/// How many misses the miss modes make (a third argument; fewer for a profiler's shorter run).
 let misses = CommandLine.arguments.dropFirst(3).first.flatMap(Int.init) ?? 1_000_000
 
 /// The shape of Hummingbird's `MemoryPersistDriver`: an actor's dictionary of values with their

@@ -12,8 +12,8 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
     @usableFromInline var retry: RetryPolicy
     /// The longest an attempt may run; `nil` for no limit.
     @usableFromInline var timeout: Duration?
-    /// How long the callers of a fetch wait before a usable value is answered instead, while the
-    /// fetch goes on in the background; `nil` for ever.
+    /// How long readers wait for a flight before a usable value is answered instead, while the
+    /// flight goes on in the background; `nil` for ever.
     @usableFromInline var softTimeout: Duration?
     /// Whether `value` serves stale data at once and refreshes it in the background.
     @usableFromInline var staleWhileRevalidate: Bool

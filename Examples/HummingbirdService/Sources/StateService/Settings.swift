@@ -296,7 +296,6 @@ private struct EnvironmentReader {
         return value
     }
 
-    /// Seconds, up to a year: a positive decimal (or zero, if `allowingZero`).
     /// `after,down,slow,latency`: four numbers of seconds, each 0 to a year.
     func outage(_ name: String) throws(SettingsError) -> UpstreamOutage? {
         guard let text = string(name) else { return nil }
@@ -313,6 +312,7 @@ private struct EnvironmentReader {
         return UpstreamOutage(after: fields[0], down: fields[1], slow: fields[2], slowLatency: fields[3])
     }
 
+    /// Seconds, up to a year: a positive decimal (or zero, if `allowingZero`).
     func seconds(_ name: String, allowingZero: Bool = false) throws(SettingsError) -> Duration? {
         guard let text = string(name) else { return nil }
         let year = 365.0 * 24 * 3600
