@@ -11,6 +11,15 @@ struct ReferenceModel {
         var result: Int
         var fails: Bool
         var duration: Duration
+        /// The lifetime its value says it has (``AsyncStateExpiring``); `nil` for the expiry.
+        var lifetime: Duration? = nil
+    }
+
+    /// The state's value: a number and the lifetime it says it has.
+    struct Leased: Equatable, AsyncStateExpiring {
+        var n: Int
+        var lifetime: Duration?
+        var timeToLive: Duration? { lifetime }
     }
 
     struct Flight {
@@ -40,6 +49,8 @@ struct ReferenceModel {
     var phase = "initial"
     var successAt: Duration?
     var freshSince: Duration?
+    /// The lifetime the current value says it has; `nil` for the expiry.
+    var lifetime: Duration?
     /// When the value arrived (a success or a write); `nil` while there is none.
     var receivedAt: Duration?
     /// The value a soft timeout answers: any value there is, or with a maximum stale age, a young one.
@@ -54,7 +65,11 @@ struct ReferenceModel {
     /// Whether each caller awaits a value (`value`) or just completion (`refresh`, `retry`).
     var wantsValue: [Int: Bool] = [:]
 
-    var isFresh: Bool { freshSince.map { now - $0 < expiry } ?? false }
+    /// Fresh for the value's own lifetime if it has one (zero or less: never), else the expiry.
+    var isFresh: Bool { freshSince.map { now - $0 < (lifetime ?? expiry) } ?? false }
+    /// Whether there is fresh data younger than `interval` (what `hasExpired(in:)` says, negated):
+    /// the age is the arrival's, whatever the value's lifetime.
+    func isYounger(than interval: Duration) -> Bool { freshSince.map { now - $0 < interval } ?? false }
 
     mutating func resolve(_ caller: Int, _ outcome: String) {
         outcomes[caller] = wantsValue[caller] == true ? outcome : "done"
@@ -104,9 +119,10 @@ struct ReferenceModel {
         startFlight(operation, waiters: [caller], patient: [caller])
     }
 
-    mutating func write(_ newValue: Int) {
+    mutating func write(_ newValue: Int, lifetime: Duration?) {
         endFlight(resolvingWith: "value(\(newValue))")
         value = newValue
+        self.lifetime = lifetime
         phase = newValue == 0 ? "empty" : "success"
         successAt = newValue == 0 ? nil : now
         freshSince = now
@@ -171,6 +187,7 @@ struct ReferenceModel {
                 for waiter in current.waiters { resolve(waiter, answered ? "value(\(value))" : "failed") }
             } else {
                 value = current.operation.result
+                lifetime = current.operation.lifetime
                 phase = value == 0 ? "empty" : "success"
                 successAt = value == 0 ? nil : now
                 freshSince = current.landsExpired ? nil : now
@@ -195,19 +212,25 @@ struct ReferenceModel {
         // A soft timeout in half of them: never at an instant a flight can end (those are 500 ms
         // apart), where the model could not tell which comes first.
         let softTimeout: Duration? = [nil, nil, .milliseconds(750), .milliseconds(1_250)][Int(random.next() % 4)]
-        let state = AsyncState<Int>(
-            wrappedValue: ReferenceModel.initialValue, expiry: expiry, clock: clock, softTimeout: softTimeout,
-            maxStaleAge: maxStaleAge, isEmpty: { $0 == 0 })
+        // Values that say their own lifetime in half of them: none, never fresh, shorter or longer
+        // than the expiry, on the grid of the steps (freshness is compared when read, so a tie is
+        // decided by the same strict test in both).
+        let lifetimes: [Duration?] =
+            random.next() % 2 == 0 ? [nil] : [nil, .zero, .milliseconds(-1), .milliseconds(1_500), .seconds(7)]
+        let state = AsyncState<ReferenceModel.Leased>(
+            wrappedValue: ReferenceModel.Leased(n: ReferenceModel.initialValue, lifetime: nil), expiry: expiry,
+            clock: clock, softTimeout: softTimeout, maxStaleAge: maxStaleAge, isEmpty: { $0.n == 0 })
         let running = LockedValue(0)
         let outcomes = LockedValue([Int: String]())
         var tasks: [Int: Task<Void, any Error>] = [:]
         var model = ReferenceModel(expiry: expiry, maxStaleAge: maxStaleAge, softTimeout: softTimeout)
         var log: [String] = []
 
-        func makeOperation() -> (ReferenceModel.Operation, @Sendable () async throws -> Int) {
+        func makeOperation() -> (ReferenceModel.Operation, @Sendable () async throws -> ReferenceModel.Leased) {
             let spec = ReferenceModel.Operation(
                 result: Int(random.next() % 6), fails: random.next() % 4 == 0,
-                duration: .milliseconds(500 * Int64(1 + random.next() % 4)))
+                duration: .milliseconds(500 * Int64(1 + random.next() % 4)),
+                lifetime: lifetimes[Int(random.next() % UInt64(lifetimes.count))])
             return (
                 spec,
                 {
@@ -215,7 +238,7 @@ struct ReferenceModel {
                     defer { running.withLock { $0 -= 1 } }
                     try await clock.sleep(for: spec.duration)
                     if spec.fails { throw SourceDown() }
-                    return spec.result
+                    return ReferenceModel.Leased(n: spec.result, lifetime: spec.lifetime)
                 }
             )
         }
@@ -234,8 +257,10 @@ struct ReferenceModel {
             switch random.next() % 10 {
             case 0, 1:
                 let (spec, operation) = makeOperation()
-                log.append("value(\(spec.result)\(spec.fails ? "!" : "") \(spec.duration))")
-                record(caller) { "value(\(try await state.value(operation)))" }
+                log.append(
+                    "value(\(spec.result)\(spec.fails ? "!" : "") \(spec.duration) \(String(describing: spec.lifetime)))"
+                )
+                record(caller) { "value(\(try await state.value(operation).n))" }
                 model.value(caller: caller, spec)
             case 2:
                 let (spec, operation) = makeOperation()
@@ -255,9 +280,10 @@ struct ReferenceModel {
                 model.retry(caller: caller, spec)
             case 4:
                 let newValue = Int(random.next() % 3)
-                log.append("set(\(newValue))")
-                await state.set(newValue)
-                model.write(newValue)
+                let lifetime = lifetimes[Int(random.next() % UInt64(lifetimes.count))]
+                log.append("set(\(newValue) \(String(describing: lifetime)))")
+                await state.set(ReferenceModel.Leased(n: newValue, lifetime: lifetime))
+                model.write(newValue, lifetime: lifetime)
             case 5:
                 log.append("invalidate")
                 await state.invalidate()
@@ -288,8 +314,11 @@ struct ReferenceModel {
 
             var problems: [String] = []
             if state.phase.name != model.phase { problems.append("phase \(state.phase.name) ≠ \(model.phase)") }
-            if state.wrappedValue != model.value { problems.append("value \(state.wrappedValue) ≠ \(model.value)") }
-            if state.hasExpired(in: expiry) == model.isFresh { problems.append("fresh ≠ \(model.isFresh)") }
+            if state.wrappedValue.n != model.value { problems.append("value \(state.wrappedValue.n) ≠ \(model.value)") }
+            if state.snapshot.isExpired == model.isFresh { problems.append("fresh ≠ \(model.isFresh)") }
+            if state.hasExpired(in: expiry) == model.isYounger(than: expiry) {
+                problems.append("younger than the expiry ≠ \(model.isYounger(than: expiry))")
+            }
             let expectedDate =
                 model.phase == "success"
                 ? model.successAt.map { Date(timeIntervalSinceReferenceDate: Double($0 / .milliseconds(1)) / 1_000) }

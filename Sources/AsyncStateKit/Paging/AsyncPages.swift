@@ -5,11 +5,16 @@ public struct AsyncPage<Item: Sendable, Cursor: Sendable>: Sendable {
     public var items: [Item]
     /// Where the next page starts (a token, an offset, a page number), or `nil` if this is the last.
     public var next: Cursor?
+    /// How long the listing stays fresh, if the source said so (an HTTP `Cache-Control: max-age`):
+    /// read from the first page only, since a listing is as old as its first page (see
+    /// ``AsyncStateExpiring``); `nil` for the state's `expiry`.
+    public var timeToLive: Duration?
 
-    /// Creates a page.
-    public init(items: [Item], next: Cursor?) {
+    /// Creates a page, fresh for `timeToLive` if given (see ``timeToLive``).
+    public init(items: [Item], next: Cursor?, timeToLive: Duration? = nil) {
         self.items = items
         self.next = next
+        self.timeToLive = timeToLive
     }
 }
 
@@ -17,7 +22,7 @@ public struct AsyncPage<Item: Sendable, Cursor: Sendable>: Sendable {
 ///
 /// With `maxPages`, only the most recent pages are kept (a sliding window): ``firstKeptPage`` says
 /// how many were dropped from the front, ``loadedPages`` how many were read in all.
-public struct AsyncPages<Item: Sendable, Cursor: Sendable>: Sendable {
+public struct AsyncPages<Item: Sendable, Cursor: Sendable>: Sendable, AsyncStateExpiring {
     /// The kept pages, in the listing's order.
     public private(set) var pages: [[Item]]
     /// How many pages were read since the first one, kept or dropped.
@@ -26,6 +31,9 @@ public struct AsyncPages<Item: Sendable, Cursor: Sendable>: Sendable {
     public private(set) var nextCursor: Cursor?
     /// Whether the first page was read.
     public private(set) var hasFirstPage: Bool
+    /// The first page's ``AsyncPage/timeToLive``: how long the listing stays fresh, `nil` for the
+    /// state's `expiry`. Appended pages do not change it.
+    public private(set) var timeToLive: Duration?
 
     /// Nothing read yet.
     public init() {
@@ -41,6 +49,7 @@ public struct AsyncPages<Item: Sendable, Cursor: Sendable>: Sendable {
         loadedPages = 1
         nextCursor = page.next
         hasFirstPage = true
+        timeToLive = page.timeToLive
     }
 
     /// Whether there is more to read: before the first page, and while the last page read named a

@@ -511,7 +511,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
 
     @inlinable func publish(_ machine: Machine, at now: Duration, notifying: Bool = true) {
         cell.publish(
-            machine.snapshot(at: now), freshSince: machine.data.freshSince, flightStart: machine.flightStart,
+            machine.snapshot(at: now), freshSince: machine.data.freshSince, receivedAt: machine.data.receivedAt,
+            flightStart: machine.flightStart,
             notifying: notifying)
     }
 

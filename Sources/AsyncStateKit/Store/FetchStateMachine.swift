@@ -98,10 +98,16 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     func isFresh(at now: Duration) -> Bool { data.isFresh(at: now, expiry: configuration.expiry) }
 
     /// Whether fresh data at `now` is past the hit window (``StoreConfiguration/hitWindow``): old
-    /// enough for a refresh ahead. Never without `refreshAfter` (the window is then the expiry).
+    /// enough for a refresh ahead. Never without `refreshAfter` (the window is then the expiry), nor
+    /// for a value whose own lifetime is not longer than the refresh's lead (`expiry − refreshAfter`,
+    /// see ``AsyncStateExpiring``): its hit window ends before it arrives, and refreshing it ahead
+    /// would refetch it on every read; it expires instead.
     @inlinable
     func isRefreshDue(at now: Duration) -> Bool {
-        !data.isFresh(at: now, expiry: configuration.hitWindow)
+        guard !data.isFresh(at: now, expiry: configuration.hitWindow) else { return false }
+        guard let refreshAfter = configuration.refreshAfter, let shift = data.freshnessShift else { return true }
+        // lifetime = expiry + shift; lead = expiry − refreshAfter; lifetime > lead ⇔ shift > −refreshAfter.
+        return shift > .zero - refreshAfter
     }
 
     /// The cached failure, while the failure expiry says to answer with it instead of refetching.
@@ -339,7 +345,9 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     /// that flight ends and its waiters get `newValue`. Publish.
     @inlinable mutating func set(_ newValue: Value, now: Duration, date: Date) -> EndedFlight {
         let ended = endFlight()
-        data.set(newValue, isEmpty: isEmpty(newValue), now: now, date: date)
+        data.set(
+            newValue, isEmpty: isEmpty(newValue), shift: configuration.freshnessShift(of: newValue), now: now,
+            date: date)
         return ended
     }
 
@@ -549,7 +557,10 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         -> FlightAction
     {
         let freshness: StateData<Value>.Freshness =
-            flightBox!.flight.expiresOnArrival ? .expired : flightBox!.flight.kind == .append ? .unchanged : .from(now)
+            flightBox!.flight.expiresOnArrival
+            ? .expired
+            : flightBox!.flight.kind == .append
+                ? .unchanged : .from(now, shift: configuration.freshnessShift(of: value))
         let report = self.report(at: now)
         let (waiters, handles) = takeFlight()
         data.succeed(value, isEmpty: isEmpty(value), now: now, date: date, freshness: freshness)

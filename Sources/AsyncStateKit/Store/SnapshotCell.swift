@@ -10,6 +10,9 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         @usableFromInline var snapshot: AsyncSnapshot<Value>
         /// When the current data arrived fresh, or `nil` (see ``StateData/freshSince``).
         @usableFromInline var freshSince: Duration?
+        /// When the current value arrived (see ``StateData/receivedAt``): the age that
+        /// ``SnapshotCell/hasExpired(in:at:)`` measures.
+        @usableFromInline var receivedAt: Duration?
         /// Why the flight in flight started and whether the state had a value then; `nil` without a
         /// flight (see ``FetchStateMachine/flightStart``). What a paged state's `activity` reads.
         @usableFromInline var flightStart: (reason: AsyncStateEvent.Reason, hadValue: Bool)?
@@ -71,8 +74,12 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     }
 
     /// Whether the data is older than `interval` at `now`, or was never fresh, or was invalidated.
+    /// Its age is its arrival's, whatever lifetime the value gave itself: `freshSince` is moved by
+    /// that lifetime, `receivedAt` is not, and is the arrival while there is fresh data.
     @inlinable func hasExpired(in interval: Duration, at now: Duration) -> Bool {
-        contents.withLock { !isWithinExpiry(since: $0.freshSince, at: now, expiry: interval) }
+        contents.withLock {
+            $0.freshSince == nil || !isWithinExpiry(since: $0.receivedAt, at: now, expiry: interval)
+        }
     }
 
     /// Publishes a transition: stores it and, if `notifying`, sends it to every subscriber (a change
@@ -85,12 +92,13 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     /// subscriber that arrives in between starts with the new snapshot and is not in the copy, so it
     /// gets it exactly once.
     @inlinable func publish(
-        _ snapshot: AsyncSnapshot<Value>, freshSince: Duration?,
+        _ snapshot: AsyncSnapshot<Value>, freshSince: Duration?, receivedAt: Duration?,
         flightStart: (reason: AsyncStateEvent.Reason, hadValue: Bool)?, notifying: Bool = true
     ) {
         let subscribers = contents.withLock { contents -> [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation] in
             contents.snapshot = snapshot
             contents.freshSince = freshSince
+            contents.receivedAt = receivedAt
             contents.flightStart = flightStart
             return notifying ? contents.subscribers : [:]
         }
@@ -147,8 +155,9 @@ extension SnapshotCell.Contents {
 }
 
 /// Whether data that arrived fresh at `freshSince` is still fresh at `now`: less than `expiry` old.
-/// `nil` (never fetched, failed, invalidated) is never fresh; an `expiry` of zero or less, never
-/// either. The one freshness test of the package: the machine, the hit path and `hasExpired(in:)`.
+/// `nil` (never fetched, failed, invalidated) is never fresh; with an `expiry` of zero or less, only
+/// data whose own lifetime moved `freshSince` past `now` is (see
+/// ``StoreConfiguration/freshnessShift(of:)``). The one freshness test of the package: the machine, the hit path and `hasExpired(in:)`.
 /// In attoseconds (`Int128`, inlined): `Duration`'s own `-` and `<` are calls into the standard
 /// library, two on every hit. The subtraction traps on overflow as `Duration`'s does.
 @inlinable

@@ -15,7 +15,10 @@ struct StateData<Value: Sendable> {
     @usableFromInline var value: Value
     /// The phase the state last settled in: `initial`, `success`, `empty` or `failure`.
     @usableFromInline var phase: AsyncPhase
-    /// When the current data arrived fresh; `nil` when there is none or it was invalidated or failed.
+    /// When the current data arrived fresh, moved by its value's own lifetime if it has one (see
+    /// ``StoreConfiguration/freshnessShift(of:)``): every freshness test compares it with the declared
+    /// expiry. `nil` when there is none or it was invalidated or failed. While it is set, the data
+    /// arrived at ``receivedAt``, so the shift is `freshSince − receivedAt` (``freshnessShift``).
     @usableFromInline var freshSince: Duration?
     /// When the current value arrived (a success or a write; for restored data, its last success as
     /// the archive dated it), kept through invalidations and failures: the age fail-safe measures.
@@ -118,8 +121,8 @@ struct StateData<Value: Sendable> {
 
     /// How a success treats the data's freshness.
     @usableFromInline enum Freshness {
-        /// Fresh from the instant given.
-        case from(Duration)
+        /// Fresh from the instant given, moved by `shift` (the value's own lifetime minus the expiry).
+        case from(Duration, shift: Duration)
         /// Expired already (the data was invalidated while it was being fetched).
         case expired
         /// As it was (an appended page: a list is as old as its first page).
@@ -144,7 +147,7 @@ struct StateData<Value: Sendable> {
     {
         receive(newValue, isEmpty: isEmpty, date: date)
         switch freshness {
-        case .from(let instant): (freshSince, receivedAt) = (instant, now)
+        case .from(let instant, let shift): (freshSince, receivedAt) = (instant.saturatingAdd(shift), now)
         case .expired: (freshSince, receivedAt) = (nil, now)
         case .unchanged: break
         }
@@ -162,11 +165,19 @@ struct StateData<Value: Sendable> {
         failedAt = cached ? now : nil
     }
 
-    /// A write (`set`): `newValue`, empty by `isEmpty`, fresh from `now`.
-    @inlinable mutating func set(_ newValue: Value, isEmpty: Bool, now: Duration, date: Date) {
+    /// A write (`set`): `newValue`, empty by `isEmpty`, fresh from `now` for its own lifetime
+    /// (`shift`, see ``Freshness/from(_:shift:)``), as a fetched value would be.
+    @inlinable mutating func set(_ newValue: Value, isEmpty: Bool, shift: Duration, now: Duration, date: Date) {
         receive(newValue, isEmpty: isEmpty, date: date)
-        freshSince = now
+        freshSince = now.saturatingAdd(shift)
         receivedAt = now
+    }
+
+    /// How far the fresh data's own lifetime moved ``freshSince`` (see
+    /// ``StoreConfiguration/freshnessShift(of:)``); `nil` without fresh data.
+    @inlinable var freshnessShift: Duration? {
+        guard let freshSince, let receivedAt else { return nil }
+        return freshSince - receivedAt
     }
 
     /// `invalidate()`: the data is expired now, for every interval; a cached failure is forgotten, and
