@@ -89,6 +89,10 @@ public struct AsyncStateEvent: Sendable {
         case cancelled
         /// The data was marked expired (``AsyncState/invalidate()``).
         case invalidated
+        /// A family's entries carrying `tag` were marked expired (``AsyncStateFamily/invalidate(tag:)``),
+        /// `entries` of them (each also reported as ``invalidated`` with its key); reported once, with
+        /// no key, after them.
+        case invalidatedTag(String, entries: Int)
         /// A family's entry left it, or had its value replaced.
         case removed(AsyncStateFamilyRemovalReason)
     }

@@ -29,6 +29,7 @@ final class FlightLedger: AsyncStateObserver {
             case .succeeded, .failed, .cancelled:
                 if state.inFlight.remove(key) == nil { state.problems.append("\(key): \(event.kind) without a start") }
             case .hit, .servedStale, .failSafe, .softTimeout, .notModified, .joined, .attemptFailed, .invalidated,
+                .invalidatedTag,
                 .removed:
                 break
             }

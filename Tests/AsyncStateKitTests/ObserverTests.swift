@@ -26,6 +26,7 @@ final class EventLog: AsyncStateObserver {
             kind = "failed(\(type(of: error)), \(duration), \(attempts) attempts)"
         case .cancelled: kind = "cancelled"
         case .invalidated: kind = "invalidated"
+        case .invalidatedTag(let tag, let entries): kind = "invalidatedTag(\(tag), \(entries) entries)"
         case .removed(let reason): kind = "removed(\(reason))"
         }
         lines.withLock { $0.append([event.name, event.key, kind].compactMap { $0 }.joined(separator: " ")) }

@@ -4,6 +4,7 @@
 //   swift run --package-path Benchmarks -c release MemoryPerState family [count]    # family entries
 //   swift run --package-path Benchmarks -c release MemoryPerState evicting [count]  # the same, after twice as many keys (evicting)
 //   swift run --package-path Benchmarks -c release MemoryPerState empty [capacity]   # empty families
+//   swift run --package-path Benchmarks -c release MemoryPerState tagged [count]    # family entries with one tag each
 import AsyncStateKit
 import Foundation
 
@@ -32,9 +33,13 @@ nonisolated func measureStates(count: Int) async -> Int {
 /// keys and values included: 16 bytes of them).
 /// With `evicting`, twice as many keys are set, so that the family evicts half of them (and holds
 /// what an evicting family holds besides its entries: the policy's history of evicted keys).
-nonisolated func measureFamily(count: Int, evicting: Bool = false) -> Int {
+/// With `tagged`, each entry carries one tag of 100 (`tenant:0` to `tenant:99`, strings short enough
+/// to need no allocation of their own): the cost of the tag index per entry.
+nonisolated func measureFamily(count: Int, evicting: Bool = false, tagged: Bool = false) -> Int {
     let before = residentBytes()
-    let family = AsyncStateFamily<Int, Int>(capacity: count)
+    @Sendable func tenant(_ key: Int, _ value: Int) -> [String] { ["tenant:" + String(key % 100)] }
+    let tags: (@Sendable (Int, Int) -> [String])? = tagged ? tenant : nil
+    let family = AsyncStateFamily<Int, Int>(capacity: count, tags: tags)
     for key in 0..<(evicting ? 2 * count : count) { family.set(key, for: key) }  // set once, then idle
     let perEntry = (residentBytes() - before) / count
     withExtendedLifetime(family) {}
@@ -57,12 +62,14 @@ let arguments = CommandLine.arguments.dropFirst()
 if arguments.first == "empty" {
     let capacity = arguments.dropFirst().first.flatMap(Int.init) ?? 1_000
     print("\(measureEmptyFamilies(capacity: capacity)) resident bytes per empty family of capacity \(capacity)")
-} else if arguments.first == "family" || arguments.first == "evicting" {
+} else if arguments.first == "family" || arguments.first == "evicting" || arguments.first == "tagged" {
     let count = arguments.dropFirst().first.flatMap(Int.init) ?? 1_000_000
     let evicting = arguments.first == "evicting"
+    let tagged = arguments.first == "tagged"
     print(
-        "\(measureFamily(count: count, evicting: evicting)) resident bytes per idle AsyncStateFamily<Int, Int> entry"
-            + " (\(count) entries\(evicting ? ", after \(2 * count) keys" : ""))")
+        "\(measureFamily(count: count, evicting: evicting, tagged: tagged)) resident bytes per idle"
+            + " AsyncStateFamily<Int, Int> entry (\(count) entries\(evicting ? ", after \(2 * count) keys" : "")"
+            + "\(tagged ? ", one tag each" : ""))")
 } else {
     let count = arguments.first.flatMap(Int.init) ?? 100_000
     print("\(await measureStates(count: count)) resident bytes per idle AsyncState<Int> (\(count) states)")

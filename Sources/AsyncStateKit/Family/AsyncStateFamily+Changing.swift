@@ -68,6 +68,22 @@ extension AsyncStateFamily {
         try core.invalidate(where: isIncluded)
     }
 
+    /// Marks expired the data of every entry carrying `tag` (see the family's `tags:`), like
+    /// ``invalidate(_:)`` does each, and returns how many entries that was. A tag no entry carries,
+    /// or a family without `tags:`, changes nothing.
+    ///
+    /// It costs O(entries carrying the tag + entries in use): compact entries are found in the
+    /// family's tag index; entries in use (live), whose values change in their own stores, are each
+    /// asked for their current tags. An entry in use with a fetch in flight is expired too, as
+    /// ``invalidate(_:)`` expires a fetch in flight: its result may carry the tag.
+    ///
+    /// The observer hears ``AsyncStateEvent/Kind/invalidated`` for each entry, then one
+    /// ``AsyncStateEvent/Kind/invalidatedTag(_:entries:)``.
+    @discardableResult
+    public func invalidate(tag: String) -> Int {
+        core.invalidate(tag: tag)
+    }
+
     /// Marks every key's data expired.
     public func invalidateAll() {
         core.invalidate { _ in true }

@@ -91,6 +91,11 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ///   - maxStaleAge: Fail-safe: a key's callers get its last good value instead of a failure while
     ///     that value is younger than this (see ``AsyncState`` and <doc:WhenTheSourceIsDown>).
     ///     `nil` (the default), zero or less: off.
+    ///   - tags: An entry's tags, from its key and value, for ``invalidate(tag:)`` (a tenant, a
+    ///     category, a parent's id; duplicates count once). Computed when an entry's value arrives and
+    ///     when a use of it ends, under the family's lock: keep it quick. `nil` (the default): no
+    ///     tags, and no cost. Each tagged entry at rest costs its tags' strings and about 100 bytes
+    ///     in the index (see <doc:ManyKeys>).
     ///   - isEmpty: Decides whether a fetched value is ``AsyncPhase/empty``. Defaults to never;
     ///     a family of collections or of optionals has its own initializers, whose default is the
     ///     one ``AsyncState`` has (an empty collection, `nil`).
@@ -114,6 +119,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
         maxStaleAge: Duration? = nil,
+        tags: (@Sendable (Key, Value) -> [String])? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
@@ -121,7 +127,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ) {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
-            staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
+            staleWhileRevalidate, refreshAfter, maxStaleAge, tags, onRemoval, name, observer,
             isEmpty: isEmpty ?? { _ in false })
     }
 
@@ -129,7 +135,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// ``AsyncState`` of a collection.
     ///
     /// The parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)-420vs``;
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:)-5bb0m``;
     /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
     public init(
         expiry: Duration = .seconds(120),
@@ -145,6 +151,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
         maxStaleAge: Duration? = nil,
+        tags: (@Sendable (Key, Value) -> [String])? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
@@ -152,7 +159,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ) where Value: Collection {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
-            staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
+            staleWhileRevalidate, refreshAfter, maxStaleAge, tags, onRemoval, name, observer,
             isEmpty: isEmpty ?? { $0.isEmpty })
     }
 
@@ -160,7 +167,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// of an optional.
     ///
     /// The parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)-420vs``;
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:)-5bb0m``;
     /// `isEmpty` overrides `== nil` as the emptiness test.
     public init<Wrapped: Sendable>(
         expiry: Duration = .seconds(120),
@@ -176,6 +183,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
         maxStaleAge: Duration? = nil,
+        tags: (@Sendable (Key, Value) -> [String])? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
@@ -183,7 +191,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ) where Value == Wrapped? {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
-            staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
+            staleWhileRevalidate, refreshAfter, maxStaleAge, tags, onRemoval, name, observer,
             isEmpty: isEmpty ?? { $0 == nil })
     }
 
@@ -191,7 +199,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// ``set(_:for:)`` (beyond the capacity, the first ones are evicted).
     ///
     /// The other parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)-420vs``.
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:)-5bb0m``.
     public init(
         wrappedValue: [Key: Value],
         expiry: Duration = .seconds(120),
@@ -207,6 +215,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
         maxStaleAge: Duration? = nil,
+        tags: (@Sendable (Key, Value) -> [String])? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
@@ -214,13 +223,13 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ) {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
-            staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
+            staleWhileRevalidate, refreshAfter, maxStaleAge, tags, onRemoval, name, observer,
             isEmpty: isEmpty ?? { _ in false })
         for (key, value) in wrappedValue { set(value, for: key) }
     }
 
     /// Creates a family of collections holding `wrappedValue`'s values, as
-    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)``
+    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:)``
     /// does; an empty collection is ``AsyncPhase/empty``.
     public init(
         wrappedValue: [Key: Value],
@@ -237,6 +246,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
         maxStaleAge: Duration? = nil,
+        tags: (@Sendable (Key, Value) -> [String])? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
@@ -244,13 +254,13 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ) where Value: Collection {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
-            staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
+            staleWhileRevalidate, refreshAfter, maxStaleAge, tags, onRemoval, name, observer,
             isEmpty: isEmpty ?? { $0.isEmpty })
         for (key, value) in wrappedValue { set(value, for: key) }
     }
 
     /// Creates a family of optionals holding `wrappedValue`'s values, as
-    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:onRemoval:name:observer:)``
+    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:)``
     /// does; `nil` is ``AsyncPhase/empty``.
     public init<Wrapped: Sendable>(
         wrappedValue: [Key: Value],
@@ -267,6 +277,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         staleWhileRevalidate: Bool = false,
         refreshAfter: Duration? = nil,
         maxStaleAge: Duration? = nil,
+        tags: (@Sendable (Key, Value) -> [String])? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
@@ -274,7 +285,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ) where Value == Wrapped? {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
-            staleWhileRevalidate, refreshAfter, maxStaleAge, onRemoval, name, observer,
+            staleWhileRevalidate, refreshAfter, maxStaleAge, tags, onRemoval, name, observer,
             isEmpty: isEmpty ?? { $0 == nil })
         for (key, value) in wrappedValue { set(value, for: key) }
     }
@@ -286,6 +297,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         _ idleExpiry: Duration?, _ clock: some Clock<Duration>, _ retry: RetryPolicy, _ timeout: Duration?,
         _ softTimeout: Duration?,
         _ failureExpiry: Duration, _ staleWhileRevalidate: Bool, _ refreshAfter: Duration?, _ maxStaleAge: Duration?,
+        _ tags: (@Sendable (Key, Value) -> [String])?,
         _ onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)?, _ name: String,
         _ observer: (any AsyncStateObserver)?, isEmpty: @escaping @Sendable (Value) -> Bool
     ) {
@@ -296,7 +308,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         core = FamilyCore(
             capacity: capacity, maximumWeight: maximumWeight, weigher: weigher, idleExpiry: idleExpiry,
             configuration: configuration, clock: StoreClock(clock), onRemoval: onRemoval, name: name,
-            observer: observer)
+            observer: observer, tagger: tags)
     }
 
     // MARK: Reading

@@ -66,7 +66,8 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @inlinable init(
         capacity: Int, maximumWeight: Int? = nil, weigher: (@Sendable (Key, Value) -> Int)? = nil,
         idleExpiry: Duration?, configuration: StoreConfiguration<Value?>, clock: StoreClock, onRemoval: OnRemoval?,
-        name: String = "", observer: (any AsyncStateObserver)? = nil
+        name: String = "", observer: (any AsyncStateObserver)? = nil,
+        tagger: (@Sendable (Key, Value) -> [String])? = nil
     ) {
         self.observer = observer.map { (name, $0) }
         isObserved = observer != nil
@@ -84,7 +85,8 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
             LockedValue(
                 Shard(
                     capacity: capacity / shardCount + (index < capacity % shardCount ? 1 : 0),
-                    weigher: weigher, ledger: ledger, tracksIdle: idleExpiry != nil, configuration: configuration))
+                    weigher: weigher, ledger: ledger, tracksIdle: idleExpiry != nil, configuration: configuration,
+                    tagger: tagger))
         }
         firstShard = shards[0]
         self.ledger = ledger
@@ -362,6 +364,27 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
                 for key in compact { reportInvalidated(key) }
             }
         }
+    }
+
+    /// Marks expired the data of every entry carrying `tag` (see
+    /// ``FamilyShard/invalidate(tag:at:compact:live:)``), shard by shard; live entries' stores are
+    /// invalidated after the lock is released. Returns how many entries were.
+    @discardableResult
+    @inlinable func invalidate(tag: String) -> Int {
+        let now = clock.now()
+        var count = 0
+        for shard in shards {
+            var (compact, live): ([Key], [Store]) = ([], [])
+            shard.withLock { $0.invalidate(tag: tag, at: now, compact: &compact, live: &live) }
+            for store in live { store.invalidate() }
+            for key in compact { reportInvalidated(key) }
+            count += compact.count + live.count
+        }
+        if let observer {
+            observer.observer.observe(
+                AsyncStateEvent(name: observer.name, key: nil, kind: .invalidatedTag(tag, entries: count)))
+        }
+        return count
     }
 
     /// Reports to the observer that a compact entry's data was invalidated (a live entry's store

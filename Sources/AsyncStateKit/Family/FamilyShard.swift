@@ -128,13 +128,26 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// The family's policies: the emptiness test and expiry of a compact entry's writes and
     /// invalidations (see ``settle(_:_:)``).
     @usableFromInline let configuration: StoreConfiguration<Value?>
+    /// The tags of an entry with a value, from its key and value; `nil` without tags, and then the
+    /// three tables below stay empty and nothing else is done (a family without tags pays a test).
+    @usableFromInline let tagger: (@Sendable (Key, Value) -> [String])?
+    /// The compact entries carrying each tag, by slot. A compact entry's value changes only here
+    /// (``makeCompact(_:_:)``), so this is exact for them.
+    @usableFromInline var tagged: [String: Set<Int32>] = [:]
+    /// Each tagged compact entry's tags, by slot (to take them out of ``tagged``).
+    @usableFromInline var tagsBySlot: [Int32: [String]] = [:]
+    /// The live entries, when tagging: their values change in their stores, out of this shard's
+    /// sight, so ``invalidate(tag:at:compact:live:)`` reads their tags when it runs.
+    @usableFromInline var liveSlots: Set<Int32> = []
 
     @inlinable init(
         capacity: Int, weigher: (@Sendable (Key, Value) -> Int)? = nil, ledger: WeightLedger? = nil,
         tracksIdle: Bool = false,
-        configuration: StoreConfiguration<Value?> = StoreConfiguration(expiry: .seconds(120), isEmpty: { _ in false })
+        configuration: StoreConfiguration<Value?> = StoreConfiguration(expiry: .seconds(120), isEmpty: { _ in false }),
+        tagger: (@Sendable (Key, Value) -> [String])? = nil
     ) {
         self.configuration = configuration
+        self.tagger = tagger
         self.weigher = ledger == nil ? nil : weigher
         self.ledger = ledger
         self.tracksIdle = tracksIdle
@@ -184,6 +197,10 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         table.records[position].value = nil
         table.records[position].freshness = nil
         metadata[slot] = nil
+        if tagger != nil {
+            untag(Int32(slot))
+            liveSlots.insert(Int32(slot))
+        }
     }
 
     /// Makes the entry at `slot` compact with `data`, which is at rest: packs it.
@@ -193,6 +210,60 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         table.records[position].value = data.value
         table.records[position].freshness = data.freshSince
         metadata[slot] = Metadata(data)
+        if let tagger {
+            liveSlots.remove(Int32(slot))
+            let tags = data.value.map { Set(tagger(table.key(at: slot), $0)).sorted() } ?? []
+            if tags != tagsBySlot[Int32(slot)] ?? [] {
+                untag(Int32(slot))
+                tag(Int32(slot), with: tags)
+            }
+        }
+    }
+
+    // MARK: Tags
+
+    /// Files the compact entry at `slot` under `tags` (without duplicates).
+    @inlinable mutating func tag(_ slot: Int32, with tags: [String]) {
+        guard !tags.isEmpty else { return }
+        tagsBySlot[slot] = tags
+        for tag in tags { tagged[tag, default: []].insert(slot) }
+    }
+
+    /// Takes the entry at `slot` out of the tag index.
+    @inlinable mutating func untag(_ slot: Int32) {
+        guard let tags = tagsBySlot.removeValue(forKey: slot) else { return }
+        for tag in tags {
+            tagged[tag]?.remove(slot)
+            if tagged[tag]?.isEmpty == true { tagged[tag] = nil }
+        }
+    }
+
+    /// Marks expired every entry carrying `tag`: the compact ones here (their keys added to
+    /// `compact`), found in the index; the live ones' stores added to `live`, for the caller to
+    /// invalidate: those whose current value carries the tag, and those with a fetch in flight, whose
+    /// result may (as a key's invalidation expires the fetch in flight). O(compact entries tagged +
+    /// live entries).
+    @inlinable mutating func invalidate(
+        tag: String, at now: Duration, compact: inout [Key], live: inout [Store]
+    ) {
+        guard let tagger else { return }
+        let expiry = configuration.expiry
+        for slot in tagged[tag] ?? [] {
+            settle(Int(slot)) { _ = $0.invalidate(now: now, expiry: expiry) }
+            compact.append(table.key(at: Int(slot)))
+        }
+        for slot in liveSlots {
+            guard let store = table.records[table.at(Int(slot))].store else { continue }
+            let (value, loading) = store.cell.contents.withLock { ($0.snapshot.value, $0.flightStart != nil) }
+            if loading || value.map({ tagger(table.key(at: Int(slot)), $0).contains(tag) }) == true {
+                live.append(store)
+            }
+        }
+    }
+
+    /// The number of compact entries filed under each tag and the live entries tracked (for tests).
+    @inlinable var tagIndexSizes: (tags: Int, filed: Int, live: Int) {
+        (tagged.count, tagsBySlot.count, liveSlots.count)
     }
 
     // MARK: Using an entry
@@ -438,7 +509,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         let all = entries
         ledger?.add(-totalWeight)
         self = FamilyShard(
-            capacity: capacity, weigher: weigher, ledger: ledger, tracksIdle: tracksIdle, configuration: configuration)
+            capacity: capacity, weigher: weigher, ledger: ledger, tracksIdle: tracksIdle, configuration: configuration,
+            tagger: tagger)
         return all
     }
 
@@ -480,6 +552,10 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         table.remove(slot)
         metadata[i] = nil
         setWeight(0, of: i)
+        if tagger != nil {
+            untag(slot)
+            liveSlots.remove(slot)
+        }
     }
 
     /// A use of the entry at `slot` at `now` other than a hit (a pin, a `set`): recorded, and the

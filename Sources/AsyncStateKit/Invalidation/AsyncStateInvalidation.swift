@@ -1,6 +1,7 @@
 import Foundation
 
-/// A message that data changed at its source: everything under `topic`, or one `key` of it.
+/// A message that data changed at its source: everything under `topic`, or one `key` of it, or the
+/// entries carrying a `tag` (see ``AsyncStateFamily/invalidate(tag:)``).
 ///
 /// Replicas of a service send these to each other through an ``AsyncStateInvalidationBus`` so that a
 /// change made through one replica is refetched by all of them. Applying one marks data expired,
@@ -11,26 +12,35 @@ public struct AsyncStateInvalidation: Sendable, Hashable, Codable, CustomStringC
     /// One key of a family subscribed to `topic` (its `String(describing:)`); `nil` for everything
     /// under the topic.
     public var key: String?
+    /// The entries of a family subscribed to `topic` that carry this tag; `nil` for none. With a
+    /// `key` as well, both are invalidated. A replica of a release before tags, which ignores this
+    /// field, invalidates the whole topic for a message with a tag and no key: more, never less.
+    public var tag: String?
     /// Who sent it, proved: what an ``AsyncStateInvalidationAuthenticator`` computed over
     /// ``signedContent`` when the message was sent; `nil` for an unsigned message. An invalidator
     /// with an authenticator drops a message without a valid one.
     public var signature: String?
 
-    /// A message about `topic`, or one `key` of it.
-    public init(topic: String, key: String? = nil, signature: String? = nil) {
+    /// A message about `topic`, or one `key` of it, or the entries carrying `tag`.
+    public init(topic: String, key: String? = nil, tag: String? = nil, signature: String? = nil) {
         self.topic = topic
         self.key = key
+        self.tag = tag
         self.signature = signature
     }
 
-    /// `topic` or `topic/key`.
-    public var description: String { key.map { "\(topic)/\($0)" } ?? topic }
+    /// `topic`, `topic/key`, `topic#tag` or `topic/key#tag`.
+    public var description: String { (key.map { "\(topic)/\($0)" } ?? topic) + (tag.map { "#\($0)" } ?? "") }
 
-    /// What a signature covers: the topic and the key, each with its length in UTF-8 bytes, so that
+    /// What a signature covers: the topic, the key and the tag, each with its length in UTF-8 bytes, so that
     /// no two messages share it (`"t/a", "b"` and `"t", "a/b"` differ) and no encoding detail of
     /// the payload (its field order, its escapes) changes it.
     public var signedContent: String {
+        // A tag is appended only when there is one, so that a message without one is signed as
+        // before tags (replicas of both releases accept each other's messages). Unambiguous: what
+        // precedes `#` is `-` or a length-prefixed key.
         "\(topic.utf8.count):\(topic)" + (key.map { "\($0.utf8.count):\($0)" } ?? "-")
+            + (tag.map { "#\($0.utf8.count):\($0)" } ?? "")
     }
 }
 

@@ -72,8 +72,18 @@ public final class AsyncStateInvalidator: Sendable {
     private struct Subscription: Sendable {
         /// Whether the subscriber still exists.
         let isAlive: @Sendable () -> Bool
-        /// Invalidates the subscriber: one key, or all; `false` once it is gone.
-        let invalidate: @Sendable (_ key: String?) -> Bool
+        /// Invalidates the subscriber: what `target` names; `false` once it is gone.
+        let invalidate: @Sendable (_ target: Target) -> Bool
+    }
+
+    /// What a message invalidates in a subscriber.
+    private enum Target: Sendable {
+        /// Everything.
+        case all
+        /// One key (its description).
+        case key(String)
+        /// The entries carrying a tag.
+        case tag(String)
     }
 
     /// An invalidator over `bus`.
@@ -98,7 +108,8 @@ public final class AsyncStateInvalidator: Sendable {
         self.clock = StoreClock(clock)
     }
 
-    /// Subscribes `state` to `topic`: a message about the topic (with or without a key) invalidates it.
+    /// Subscribes `state` to `topic`: a message about the topic (with or without a key or a tag)
+    /// invalidates it.
     public func subscribe<Value>(_ state: AsyncState<Value>, to topic: String) {
         let store = WeakBox(state.store)
         add(
@@ -153,12 +164,12 @@ public final class AsyncStateInvalidator: Sendable {
         let core = WeakBox(family.core)
         add(
             topic, isAlive: { core.value != nil },
-            invalidate: { key in
+            invalidate: { target in
                 guard let core = core.value else { return false }
-                if let key {
-                    for match in keys(key, core) { core.invalidate(match) }
-                } else {
-                    core.invalidate { _ in true }
+                switch target {
+                case .key(let key): for match in keys(key, core) { core.invalidate(match) }
+                case .tag(let tag): core.invalidate(tag: tag)
+                case .all: core.invalidate { _ in true }
                 }
                 return true
             })
@@ -169,8 +180,23 @@ public final class AsyncStateInvalidator: Sendable {
     ///
     /// - Throws: The bus's error when it could not publish; this replica is invalidated anyway.
     public func invalidate(_ topic: String, key: String? = nil) async throws {
-        invalidate(key, in: subscribers(of: topic))
-        var message = AsyncStateInvalidation(topic: topic, key: key)
+        invalidate(key.map(Target.key) ?? .all, in: subscribers(of: topic))
+        try await publish(AsyncStateInvalidation(topic: topic, key: key))
+    }
+
+    /// Invalidates the entries carrying `tag` in the families subscribed to `topic` (see
+    /// ``AsyncStateFamily/invalidate(tag:)``; a single state subscribed to it is invalidated) here at
+    /// once, then publishes it to the other replicas, which do the same.
+    ///
+    /// - Throws: The bus's error when it could not publish; this replica is invalidated anyway.
+    public func invalidate(_ topic: String, tag: String) async throws {
+        invalidate(.tag(tag), in: subscribers(of: topic))
+        try await publish(AsyncStateInvalidation(topic: topic, tag: tag))
+    }
+
+    /// Signs `message` if the invalidator has an authenticator, and publishes it.
+    private func publish(_ message: AsyncStateInvalidation) async throws {
+        var message = message
         message.signature = authenticator?.signature(for: message.signedContent)
         try await bus.publish(message)
     }
@@ -218,11 +244,11 @@ public final class AsyncStateInvalidator: Sendable {
                     return
                 }
             }
-            if let key = message.key {
-                invalidate(key, in: subscribers(of: message.topic))
-            } else {
-                invalidateWhole([message.topic])
-            }
+            // A key, a tag, or both, each applied as this replica's own invalidation would; neither:
+            // the whole topic.
+            if let key = message.key { invalidate(.key(key), in: subscribers(of: message.topic)) }
+            if let tag = message.tag { invalidate(.tag(tag), in: subscribers(of: message.topic)) }
+            if message.key == nil, message.tag == nil { invalidateWhole([message.topic]) }
         case .reconnected:
             invalidateWhole(subscriptions.withLock { Array($0.keys) })
         }
@@ -246,7 +272,7 @@ public final class AsyncStateInvalidator: Sendable {
             }
             return (due, state.held.isEmpty ? nil : state.wake)
         }
-        for topic in due { invalidate(nil, in: subscribers(of: topic)) }
+        for topic in due { invalidate(.all, in: subscribers(of: topic)) }
         wake?.yield()
     }
 
@@ -269,7 +295,7 @@ public final class AsyncStateInvalidator: Sendable {
             }
             return due
         }
-        for topic in due { invalidate(nil, in: subscribers(of: topic)) }
+        for topic in due { invalidate(.all, in: subscribers(of: topic)) }
     }
 
     /// The live subscribers of `topic`.
@@ -277,11 +303,11 @@ public final class AsyncStateInvalidator: Sendable {
         subscriptions.withLock { $0[topic] ?? [] }
     }
 
-    /// Invalidates `key` (every entry without one) of `subscribers`, outside every lock (invalidating
-    /// runs the states' observers); drops the subscriptions whose subscriber is gone.
-    private func invalidate(_ key: String?, in subscribers: [Subscription]) {
+    /// Invalidates `target` of `subscribers`, outside every lock (invalidating runs the states'
+    /// observers); drops the subscriptions whose subscriber is gone.
+    private func invalidate(_ target: Target, in subscribers: [Subscription]) {
         var gone = false
-        for subscriber in subscribers where !subscriber.invalidate(key) { gone = true }
+        for subscriber in subscribers where !subscriber.invalidate(target) { gone = true }
         if gone { prune() }
     }
 
@@ -292,7 +318,7 @@ public final class AsyncStateInvalidator: Sendable {
     }
 
     private func add(
-        _ topic: String, isAlive: @escaping @Sendable () -> Bool, invalidate: @escaping @Sendable (String?) -> Bool
+        _ topic: String, isAlive: @escaping @Sendable () -> Bool, invalidate: @escaping @Sendable (Target) -> Bool
     ) {
         prune()
         subscriptions.withLock {

@@ -89,7 +89,7 @@ public final class Catalog: Sendable {
             maximumWeight: settings.tenantMaximumBytes, weigher: { _, config in config.weight }, clock: clock,
             retry: retry, timeout: settings.fetchTimeout, softTimeout: settings.softTimeout,
             failureExpiry: settings.failureExpiry,
-            maxStaleAge: settings.maxStaleAge, name: "tenants", observer: observer)
+            maxStaleAge: settings.maxStaleAge, tags: { _, config in config.tags }, name: "tenants", observer: observer)
         invalidator = bus.map {
             AsyncStateInvalidator(
                 bus: $0, authenticator: authenticator, invalidateAllInterval: settings.invalidateAllInterval,
@@ -182,6 +182,24 @@ public final class Catalog: Sendable {
         case failed
         /// No bus: a single process.
         case local
+    }
+
+    /// Invalidates every cached tenant carrying `tag` (``TenantConfig/tags``: `plan:<name>` for a
+    /// tenant whose `plan` setting names one) here and, through the bus, on every other replica: after
+    /// a change to what a plan includes, which every tenant on it reads.
+    ///
+    /// Returns whether the bus carried the message; the observer counts the entries.
+    public func invalidateTenants(tag: String) async -> Announcement {
+        guard let invalidator else {
+            tenants.invalidate(tag: tag)
+            return .local
+        }
+        do {
+            try await invalidator.invalidate(Self.tenantsTopic, tag: tag)
+            return .published
+        } catch {
+            return .failed
+        }
     }
 
     /// Writes `settings` for tenant `id` to the store, then invalidates the tenant here and, through

@@ -54,6 +54,10 @@ public struct LoggingObserver: AsyncStateObserver {
             logger.info("fetch cancelled", metadata: metadata)
         case .invalidated:
             logger.debug("invalidated", metadata: metadata)
+        case .invalidatedTag(let tag, let entries):
+            metadata["tag"] = "\(tag)"
+            metadata["entries"] = "\(entries)"
+            logger.info("tag invalidated", metadata: metadata)
         case .removed(let reason):
             metadata["reason"] = "\(reason)"
             logger.debug("entry removed", metadata: metadata)

@@ -14,6 +14,8 @@ import Synchronization
 /// - `async_state_attempt_failures_total`, `async_state_failures_total`: failed attempts, and fetches
 ///   that failed after their retries;
 /// - `async_state_evictions_total{reason}`: family entries removed (evicted, idle, removed, replaced);
+/// - `async_state_invalidations_total`, `async_state_tag_invalidations_total`: data marked expired
+///   (each entry), and tag invalidations of a family (each one, whatever its entries);
 /// - `async_state_fetch_duration_seconds{outcome}`: a timer per fetch, success or failure.
 ///
 /// Metric objects are made once per label set and kept (making one per event would allocate and
@@ -48,6 +50,7 @@ public final class MetricsObserver: AsyncStateObserver {
             time(state, "failure", duration)
         case .cancelled: count("async_state_cancellations_total", state)
         case .invalidated: count("async_state_invalidations_total", state)
+        case .invalidatedTag: count("async_state_tag_invalidations_total", state)
         case .removed(let reason): count("async_state_evictions_total", state, ("reason", "\(reason)"))
         }
     }

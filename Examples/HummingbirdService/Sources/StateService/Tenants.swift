@@ -19,6 +19,10 @@ public struct TenantConfig: Codable, Sendable, Equatable {
         self.settings = settings
     }
 
+    /// What the cache files this tenant under (see `Catalog.invalidateTenants(tag:)`): `plan:<name>`
+    /// when its `plan` setting names one, else none.
+    public var tags: [String] { settings["plan"].map { ["plan:\($0)"] } ?? [] }
+
     /// The most settings a tenant has, and the longest key and value, in UTF-8 bytes: what a write
     /// may hold (see ``validate(_:)``).
     public static let maximumSettings = 64

@@ -82,6 +82,29 @@ func version(_ response: TestResponse) throws -> Int {
         }
     }
 
+    @Test func aTagInvalidationExpiresTheTenantsOnAPlanOnEveryReplicaAndIsCounted() async throws {
+        let replicas = Replicas(count: 2)
+        let (a, b) = (replicas.replicas[0], replicas.replicas[1])
+        try await replicas.run {
+            let plans = ["acme": "pro", "globex": "free", "initech": "pro"]
+            for (tenant, plan) in plans { _ = try await a.catalog.writeTenant(tenant, settings: ["plan": plan]) }
+            #expect(await eventually { b.catalog.invalidator!.deliveriesApplied == 4 })
+            for tenant in plans.keys {
+                for replica in [a, b] { #expect(try await replica.catalog.tenantSnapshot(tenant).value != nil) }
+            }
+            #expect(await a.catalog.invalidateTenants(tag: "plan:pro") == .published)
+            #expect(await eventually { b.catalog.invalidator!.deliveriesApplied == 5 })
+            let expired = { (catalog: Catalog) in
+                plans.keys.filter { catalog.tenants.snapshot(for: $0)?.isExpired == true }.sorted()
+            }
+            #expect(expired(b.catalog) == ["acme", "initech"])
+            #expect(expired(a.catalog) == ["acme", "initech"])
+            for replica in [a, b] {
+                #expect(replica.fixture.metric(#"async_state_tag_invalidations_total{state="tenants"}"#) == 1)
+            }
+        }
+    }
+
     @Test func aReplicaThatMissedMessagesCatchesUpWhenItsBusReconnectsOrAtTheExpiry() async throws {
         let replicas = Replicas(count: 2, tenantExpiry: .seconds(30))
         let (a, b) = (replicas.replicas[0], replicas.replicas[1])
