@@ -13,6 +13,8 @@ struct ReferenceModel {
         var duration: Duration
         /// The lifetime its value says it has (``AsyncStateExpiring``); `nil` for the expiry.
         var lifetime: Duration? = nil
+        /// A conditional operation that answers "not modified" (unless it `fails`).
+        var notModified = false
     }
 
     /// The state's value: a number and the lifetime it says it has.
@@ -185,9 +187,19 @@ struct ReferenceModel {
                 freshSince = nil
                 let answered = maxStaleAge.flatMap { maxAge in receivedAt.map { now - $0 < maxAge } } ?? false
                 for waiter in current.waiters { resolve(waiter, answered ? "value(\(value))" : "failed") }
+            } else if current.operation.notModified, receivedAt == nil {
+                // Nothing to keep: the fetch fails (`notModifiedWithoutValue`), with no value for
+                // fail-safe either.
+                phase = "failure"
+                successAt = nil
+                freshSince = nil
+                for waiter in current.waiters { resolve(waiter, "failed") }
             } else {
-                value = current.operation.result
-                lifetime = current.operation.lifetime
+                // "Not modified" keeps the value (and so its lifetime), renewed as a success would be.
+                if !current.operation.notModified {
+                    value = current.operation.result
+                    lifetime = current.operation.lifetime
+                }
                 phase = value == 0 ? "empty" : "success"
                 successAt = value == 0 ? nil : now
                 freshSince = current.landsExpired ? nil : now
@@ -226,11 +238,14 @@ struct ReferenceModel {
         var model = ReferenceModel(expiry: expiry, maxStaleAge: maxStaleAge, softTimeout: softTimeout)
         var log: [String] = []
 
-        func makeOperation() -> (ReferenceModel.Operation, @Sendable () async throws -> ReferenceModel.Leased) {
+        func makeOperation(conditional: Bool = false) -> (
+            ReferenceModel.Operation, @Sendable () async throws -> ReferenceModel.Leased
+        ) {
             let spec = ReferenceModel.Operation(
                 result: Int(random.next() % 6), fails: random.next() % 4 == 0,
                 duration: .milliseconds(500 * Int64(1 + random.next() % 4)),
-                lifetime: lifetimes[Int(random.next() % UInt64(lifetimes.count))])
+                lifetime: lifetimes[Int(random.next() % UInt64(lifetimes.count))],
+                notModified: conditional && random.next() % 3 == 0)
             return (
                 spec,
                 {
@@ -241,6 +256,17 @@ struct ReferenceModel {
                     return ReferenceModel.Leased(n: spec.result, lifetime: spec.lifetime)
                 }
             )
+        }
+        /// `spec`'s operation as a conditional one that answers "not modified" (given a value or not:
+        /// the state fails it without one), through the public overloads.
+        func notModified(_ spec: ReferenceModel.Operation) -> AsyncState<ReferenceModel.Leased>.ConditionalOperation {
+            { _ in
+                running.withLock { $0 += 1 }
+                defer { running.withLock { $0 -= 1 } }
+                try await clock.sleep(for: spec.duration)
+                if spec.fails { throw SourceDown() }
+                return .notModified
+            }
         }
         func record(_ caller: Int, _ body: @escaping @Sendable () async throws -> String) {
             tasks[caller] = clock.task {
@@ -256,17 +282,28 @@ struct ReferenceModel {
             let caller = step
             switch random.next() % 10 {
             case 0, 1:
-                let (spec, operation) = makeOperation()
+                let (spec, operation) = makeOperation(conditional: true)
                 log.append(
-                    "value(\(spec.result)\(spec.fails ? "!" : "") \(spec.duration) \(String(describing: spec.lifetime)))"
-                )
-                record(caller) { "value(\(try await state.value(operation).n))" }
+                    "value(\(spec.notModified ? "304" : "\(spec.result)")\(spec.fails ? "!" : "") \(spec.duration)"
+                        + " \(String(describing: spec.lifetime)))")
+                if spec.notModified {
+                    let conditional = notModified(spec)
+                    record(caller) { "value(\(try await state.value(revalidating: conditional).n))" }
+                } else {
+                    record(caller) { "value(\(try await state.value(operation).n))" }
+                }
                 model.value(caller: caller, spec)
             case 2:
-                let (spec, operation) = makeOperation()
-                log.append("refresh(\(spec.result)\(spec.fails ? "!" : "") \(spec.duration))")
+                let (spec, operation) = makeOperation(conditional: true)
+                log.append(
+                    "refresh(\(spec.notModified ? "304" : "\(spec.result)")\(spec.fails ? "!" : "") \(spec.duration))")
+                let conditional = notModified(spec)
                 record(caller) {
-                    await state.refresh(operation)
+                    if spec.notModified {
+                        await state.refresh(revalidating: conditional)
+                    } else {
+                        await state.refresh(operation)
+                    }
                     return "done"
                 }
                 model.refresh(caller: caller, spec)
