@@ -190,12 +190,23 @@ public final class Catalog: Sendable {
     ///
     /// Returns whether the bus carried the message; the observer counts the entries.
     public func invalidateTenants(tag: String) async -> Announcement {
+        await announce(
+            locally: { $0.invalidate(tag: tag) }, through: { try await $0.invalidate(Self.tenantsTopic, tag: tag) })
+    }
+
+    /// Invalidates tenants here with `locally` when there is no bus; otherwise through the
+    /// invalidator with `through`, which invalidates here at once and publishes, and says whether the
+    /// bus carried the message.
+    private func announce(
+        locally: (AsyncStateFamily<String, TenantConfig>) -> Void,
+        through: (AsyncStateInvalidator) async throws -> Void
+    ) async -> Announcement {
         guard let invalidator else {
-            tenants.invalidate(tag: tag)
+            locally(tenants)
             return .local
         }
         do {
-            try await invalidator.invalidate(Self.tenantsTopic, tag: tag)
+            try await through(invalidator)
             return .published
         } catch {
             return .failed
@@ -210,15 +221,8 @@ public final class Catalog: Sendable {
         TenantConfig, Announcement
     ) {
         let config = try await tenantStore.write(id, settings: settings)
-        guard let invalidator else {
-            tenants.invalidate(id)
-            return (config, .local)
-        }
-        do {
-            try await invalidator.invalidate(Self.tenantsTopic, key: id)
-            return (config, .published)
-        } catch {
-            return (config, .failed)
-        }
+        let announcement = await announce(
+            locally: { $0.invalidate(id) }, through: { try await $0.invalidate(Self.tenantsTopic, key: id) })
+        return (config, announcement)
     }
 }
