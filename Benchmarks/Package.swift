@@ -41,6 +41,11 @@ let package = Package(
             path: "Tools/HitLoop"
         ),
         .executableTarget(
+            name: "HitScaling",
+            dependencies: [.product(name: "AsyncStateKit", package: library)],
+            path: "Tools/HitScaling"
+        ),
+        .executableTarget(
             name: "IndexLayout",
             path: "Tools/IndexLayout"
         ),

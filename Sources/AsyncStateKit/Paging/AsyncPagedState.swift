@@ -118,7 +118,7 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
     /// What is being read now: derived from why the flight in flight started, published with the
     /// snapshot that says `loading`.
     public var activity: Activity {
-        store.cell.contents.withLock { contents in
+        store.cell.contents.read { contents in
             guard let start = contents.flightStart else { return .idle }
             return !start.hadValue ? .loadingFirstPage : start.reason == .loadMore ? .loadingMore : .refreshing
         }

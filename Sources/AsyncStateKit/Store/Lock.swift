@@ -46,30 +46,13 @@ package final class LockStorage<Value>: ManagedBuffer<Value, UInt64> {
         let words = (MemoryLayout<pthread_mutex_t>.size + 7) / 8
         let buffer = create(minimumCapacity: words) { _ in value }
         let storage = buffer as! LockStorage<Value>  // as swift-nio does: unsafeDowncast miscompiled in 5.10
-        storage.withUnsafeMutablePointerToElements { words in
-            let mutex = UnsafeMutableRawPointer(words).bindMemory(to: pthread_mutex_t.self, capacity: 1)
-            #if canImport(Glibc)
-            // Adaptive: a contended lock spins briefly before it sleeps. Every critical section here
-            // is a few hundred nanoseconds, so under a stampede the holder is almost always about
-            // to release it, and a futex sleep and wake-up would cost far more than the wait.
-            var attributes = pthread_mutexattr_t()
-            pthread_mutexattr_init(&attributes)
-            pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ADAPTIVE_NP))
-            let rc = pthread_mutex_init(mutex, &attributes)
-            pthread_mutexattr_destroy(&attributes)
-            #else
-            let rc = pthread_mutex_init(mutex, nil)
-            #endif
-            precondition(rc == 0, "pthread_mutex_init failed: \(rc)")
-        }
+        storage.withUnsafeMutablePointerToElements { MutexWords.initialize($0, adaptive: true) }
         return storage
     }
 
     deinit {
         // ManagedBuffer destroys the header (the value) itself; the elements are ours to destroy.
-        _ = withUnsafeMutablePointerToElements { words in
-            pthread_mutex_destroy(UnsafeMutableRawPointer(words).assumingMemoryBound(to: pthread_mutex_t.self))
-        }
+        withUnsafeMutablePointerToElements { MutexWords.destroy($0) }
     }
 }
 
@@ -84,9 +67,38 @@ enum MutexWords {
         pthread_mutex_lock(UnsafeMutableRawPointer(words).assumingMemoryBound(to: pthread_mutex_t.self))
     }
 
+    /// Takes the mutex at `words` if it is free; whether it did.
+    @usableFromInline
+    static func tryLock(_ words: UnsafeMutablePointer<UInt64>) -> Bool {
+        pthread_mutex_trylock(UnsafeMutableRawPointer(words).assumingMemoryBound(to: pthread_mutex_t.self)) == 0
+    }
+
     /// Releases the mutex at `words`.
     @usableFromInline
     static func unlock(_ words: UnsafeMutablePointer<UInt64>) {
         pthread_mutex_unlock(UnsafeMutableRawPointer(words).assumingMemoryBound(to: pthread_mutex_t.self))
+    }
+
+    /// Makes a mutex at `words` (room for a `pthread_mutex_t`, rounded up to words).
+    static func initialize(_ words: UnsafeMutablePointer<UInt64>, adaptive: Bool) {
+        let mutex = UnsafeMutableRawPointer(words).bindMemory(to: pthread_mutex_t.self, capacity: 1)
+        #if canImport(Glibc)
+        // Adaptive: a contended lock spins briefly before it sleeps. Every critical section here
+        // is a few hundred nanoseconds, so under a stampede the holder is almost always about
+        // to release it, and a futex sleep and wake-up would cost far more than the wait.
+        var attributes = pthread_mutexattr_t()
+        pthread_mutexattr_init(&attributes)
+        if adaptive { pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ADAPTIVE_NP)) }
+        let rc = pthread_mutex_init(mutex, &attributes)
+        pthread_mutexattr_destroy(&attributes)
+        #else
+        let rc = pthread_mutex_init(mutex, nil)
+        #endif
+        precondition(rc == 0, "pthread_mutex_init failed: \(rc)")
+    }
+
+    /// Destroys the mutex at `words`.
+    static func destroy(_ words: UnsafeMutablePointer<UInt64>) {
+        pthread_mutex_destroy(UnsafeMutableRawPointer(words).assumingMemoryBound(to: pthread_mutex_t.self))
     }
 }

@@ -1,4 +1,5 @@
-/// The published state of a store, behind the package's lock: what synchronous readers
+/// The published state of a store, behind a ``ReadMostlyLock`` (readers on different processors of
+/// a contended state take different stripes of it): what synchronous readers
 /// (`wrappedValue`, `phase`, `hasExpired(in:)`, the fresh-hit path of `value`) and the `updates`
 /// subscribers see. Only the store writes it, once per transition.
 @usableFromInline
@@ -34,12 +35,12 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     /// How many snapshots a subscriber that does not keep up may have queued; older ones are dropped.
     @inlinable static var subscriberBuffer: Int { 64 }
 
-    @usableFromInline let contents: LockedValue<Contents>
+    @usableFromInline let contents: ReadMostlyLock<Contents>
 
     @inlinable init(value: Value, expiry: Duration, hitWindow: Duration) {
         self.expiry = expiry
         self.hitWindow = hitWindow
-        contents = LockedValue(
+        contents = ReadMostlyLock(
             Contents(snapshot: AsyncSnapshot(value: value, phase: .initial, isExpired: true), freshSince: nil))
     }
 
@@ -50,17 +51,17 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         for continuation in subscribers.values { continuation.finish() }
     }
 
-    @inlinable var value: Value { contents.withLock { $0.snapshot.value } }
+    @inlinable var value: Value { contents.read { $0.snapshot.value } }
 
-    @inlinable var phase: AsyncPhase { contents.withLock { $0.snapshot.phase } }
+    @inlinable var phase: AsyncPhase { contents.read { $0.snapshot.phase } }
 
     /// The value, if it came from a fetch or a write (``AsyncSnapshot/previousValue``).
-    @inlinable var previousValue: Value? { contents.withLock { $0.snapshot.previousValue } }
+    @inlinable var previousValue: Value? { contents.read { $0.snapshot.previousValue } }
 
     /// The current snapshot, expired or not at `now`.
     @inlinable
     func snapshot(at now: Duration) -> AsyncSnapshot<Value> {
-        contents.withLock { $0.snapshot(at: now, expiry: expiry) }
+        contents.read { $0.snapshot(at: now, expiry: expiry) }
     }
 
     /// `read` of the contents if the data is fresh at `now` and within the hit window, else `nil`,
@@ -68,7 +69,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     /// entry is read through it too).
     @inlinable @inline(__always)
     func read<Result>(ifFreshAt now: Duration, _ read: (Contents) -> Result) -> Result? {
-        contents.withLock { contents in
+        contents.read { contents in
             isWithinExpiry(since: contents.freshSince, at: now, expiry: hitWindow) ? read(contents) : nil
         }
     }
@@ -77,7 +78,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     /// Its age is its arrival's, whatever lifetime the value gave itself: `freshSince` is moved by
     /// that lifetime, `receivedAt` is not, and is the arrival while there is fresh data.
     @inlinable func hasExpired(in interval: Duration, at now: Duration) -> Bool {
-        contents.withLock {
+        contents.read {
             $0.freshSince == nil || !isWithinExpiry(since: $0.receivedAt, at: now, expiry: interval)
         }
     }
@@ -130,10 +131,18 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     }
 
     /// The number of subscribers whose streams have not ended (for tests).
-    @inlinable var subscriberCount: Int { contents.withLock { $0.subscribers.count } }
+    @inlinable var subscriberCount: Int { contents.read { $0.subscribers.count } }
 }
 
-extension SnapshotCell.Contents {
+extension SnapshotCell.Contents: StripeReadable {
+    /// Readers of a snapshot leave nothing for writers.
+    @usableFromInline typealias StripeLocal = NoStripeLocal
+
+    @inlinable mutating func absorb(_ local: inout NoStripeLocal) {}
+
+    /// Only writers take the mutex once the lock has spread: it can share the readers' lines.
+    @inlinable static var isolatesMutex: Bool { false }
+
     /// The latest value (for ``SnapshotCell/read(ifFreshAt:_:)``).
     @inlinable var value: Value { snapshot.value }
 

@@ -1,0 +1,187 @@
+// These tests run on ContinuousClock and the global concurrent executor on purpose: they look for
+// races between readers on every core and a writer, which a serial virtual executor would never
+// interleave. Run them under ThreadSanitizer too (`swift test --sanitize=thread`).
+import Foundation
+import Synchronization
+import Testing
+
+@testable import AsyncStateKit
+
+/// Reads that scale with cores (``ReadMostlyLock``): a contended lock spreads into a stripe per
+/// processor, readers on a stripe never see a torn or outdated value, and what readers leave on their
+/// stripes reaches the value before any writer looks at it.
+@Suite struct ReadScalingTests {
+    /// A value whose readers count their reads on their stripe.
+    struct Counted: StripeReadable {
+        struct Reads: StripeLocalStorage {
+            var count = 0
+            var wantsAbsorbing: Bool { count >= 1_000 }
+        }
+        var reads = 0
+        var payload = (0, "0")
+        static var isolatesMutex: Bool { true }
+        mutating func absorb(_ local: inout Reads) {
+            reads += local.count
+            local.count = 0
+        }
+    }
+
+    /// What the tasks of a test share.
+    final class Tally: Sendable {
+        let written = Atomic<Int>(0)
+        let failures = Atomic<Int>(0)
+        let done = Atomic<Bool>(false)
+    }
+
+    /// How many tasks read at once: one per core, at least 2.
+    static var readers: Int { max(2, ProcessInfo.processInfo.activeProcessorCount) }
+
+    /// Every read is counted exactly once, whether made under the mutex, on a stripe, or folded in
+    /// by a full stripe's reader or by a writer; and a writer's payload is never seen torn.
+    @Test(arguments: [false, true])
+    func everyReadReachesTheValueAndNoneSeesATornWrite(spreadFirst: Bool) async {
+        let lock = ReadMostlyLock(Counted())
+        if spreadFirst { lock.spreadNow() }
+        #expect(lock.isSpread == spreadFirst)
+        let perReader = 20_000
+        let tally = Tally()
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                for step in 1...2_000 { lock.withLock { $0.payload = (step, String(step)) } }
+            }
+            for _ in 0..<Self.readers {
+                group.addTask {
+                    var last = 0
+                    for _ in 0..<perReader {
+                        let seen = lock.access(
+                            exclusive: { value -> (Int, String) in
+                                value.reads += 1
+                                return value.payload
+                            },
+                            shared: { value, local -> (Int, String) in
+                                local.count += 1
+                                return value.payload
+                            })
+                        if String(seen.0) != seen.1 || seen.0 < last { tally.failures.add(1, ordering: .relaxed) }
+                        last = seen.0
+                    }
+                }
+            }
+        }
+        #expect(tally.failures.load(ordering: .relaxed) == 0)
+        #expect(lock.withLock { $0.reads } == Self.readers * perReader)
+    }
+
+    /// Readers that keep finding the mutex taken spread the lock.
+    @Test func contentionSpreadsTheLock() async {
+        let lock = ReadMostlyLock(Counted())
+        let deadline = ContinuousClock.now + .seconds(10)
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<Self.readers {
+                group.addTask {
+                    while !lock.isSpread, ContinuousClock.now < deadline {
+                        for _ in 0..<1_000 { _ = lock.read { $0.payload.0 } }
+                        lock.withLock { $0.payload.0 += 1 }
+                    }
+                }
+            }
+        }
+        #expect(lock.isSpread)
+    }
+
+    /// What a state's readers see while a writer sets, invalidates and refreshes it.
+    struct Pair: Sendable {
+        let number: Int
+        let text: String
+        init(_ number: Int) { (self.number, self.text) = (number, String(number)) }
+        var isWhole: Bool { text == String(number) }
+    }
+
+    /// Readers on every core against a writer that sets, invalidates and refreshes one state: no
+    /// reader sees a torn value, a value older than one it saw before, or a value older than the
+    /// last write that had finished when its read began.
+    @Test(arguments: [false, true])
+    func aStateReadOnEveryCoreNeverGoesBack(spreadFirst: Bool) async throws {
+        let state = AsyncState(wrappedValue: Pair(0), expiry: .seconds(3_600))
+        if spreadFirst { state.store.cell.contents.spreadNow() }
+        let tally = Tally()
+        let writes = 3_000
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                for step in 1...writes {
+                    switch step % 10 {
+                    case 3: await state.invalidate()
+                    case 7: await state.refresh { Pair(tally.written.load(ordering: .acquiring) + 1) }
+                    default: await state.set(Pair(step))
+                    }
+                    tally.written.store(max(step, state.wrappedValue.number), ordering: .releasing)
+                }
+            }
+            for _ in 0..<Self.readers {
+                group.addTask {
+                    var last = 0
+                    while true {
+                        let floor = tally.written.load(ordering: .acquiring)
+                        if floor >= writes { break }
+                        // A miss (after an invalidation) fetches what the writer wrote last.
+                        let value = try await state.value { Pair(tally.written.load(ordering: .acquiring)) }
+                        let snapshot = state.snapshot.value
+                        if !value.isWhole || !snapshot.isWhole || value.number < last || value.number < floor {
+                            tally.failures.add(1, ordering: .relaxed)
+                        }
+                        last = value.number
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        #expect(tally.failures.load(ordering: .relaxed) == 0)
+    }
+
+    /// The same for a family's keys: readers on every core hit keys that a writer sets and
+    /// invalidates; every key's values only go forward for each reader, and the hits each reader
+    /// recorded reach the shard (the entries are all still there, none idle-expired or evicted).
+    @Test(arguments: [false, true])
+    func aFamilyReadOnEveryCoreNeverGoesBack(spreadFirst: Bool) async throws {
+        let keys = 64
+        let family = AsyncStateFamily<Int, Pair>(expiry: .seconds(3_600), capacity: keys, idleExpiry: .seconds(3_600))
+        if spreadFirst { family.core.firstShard.spreadNow() }
+        // What the writer has finished writing, per key (a pthread lock, which ThreadSanitizer sees).
+        let written = LockedValue([Int](repeating: 0, count: keys))
+        let tally = Tally()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                for step in 1...3_000 {
+                    let key = step % keys
+                    if step % 10 == 3 {
+                        family.invalidate(key)
+                    } else {
+                        family.set(Pair(step), for: key)
+                        written.withLock { $0[key] = step }
+                    }
+                }
+                tally.done.store(true, ordering: .releasing)
+            }
+            for reader in 0..<Self.readers {
+                group.addTask {
+                    var last = [Int](repeating: 0, count: keys)
+                    var key = reader
+                    while !tally.done.load(ordering: .acquiring) {
+                        key = (key &+ 7) % keys
+                        let floor = written.withLock { $0[key] }
+                        let value = try await family.value(for: key) { key in
+                            Pair(written.withLock { $0[key] })
+                        }
+                        if !value.isWhole || value.number < last[key] || value.number < floor {
+                            tally.failures.add(1, ordering: .relaxed)
+                        }
+                        last[key] = value.number
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        #expect(tally.failures.load(ordering: .relaxed) == 0)
+        #expect(family.count == keys)
+    }
+}
