@@ -22,15 +22,11 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @usableFromInline typealias Store = AsyncStateStore<Value?>
     @usableFromInline typealias OnRemoval = @Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void
 
-    @usableFromInline let shards: [ReadMostlyLock<Shard>]
+    @usableFromInline let shards: [LockedValue<Shard>]
     /// The first shard (the only one of a small family), held directly: a hit on it reads a stored
     /// property, so the shard's storage is not retained and released around the hit.
-    @usableFromInline let firstShard: ReadMostlyLock<Shard>
+    @usableFromInline let firstShard: LockedValue<Shard>
     @usableFromInline let shardMask: Int
-    /// The shards' storage, unretained (`shards` holds them): a hit on a family of several shards
-    /// reads its shard here, so that it neither retains nor releases it (see
-    /// ``withHitShard(_:exclusive:shared:)``).
-    @usableFromInline let shardStorage: UnretainedShards
     @usableFromInline let configuration: StoreConfiguration<Value?>
     @usableFromInline let clock: StoreClock
     /// How long a hit is answered from the shard (see ``StoreConfiguration/hitWindow``).
@@ -86,14 +82,13 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         shards = (0..<shardCount).map { index in
             // Each shard's policy is sized for its share of the capacity; the maximum weight is the
             // family's (the ledger).
-            ReadMostlyLock(
+            LockedValue(
                 Shard(
                     capacity: capacity / shardCount + (index < capacity % shardCount ? 1 : 0),
                     weigher: weigher, ledger: ledger, tracksIdle: idleExpiry != nil, configuration: configuration,
                     tagger: tagger))
         }
         firstShard = shards[0]
-        shardStorage = UnretainedShards(shards)
         self.ledger = ledger
         shardMask = shardCount - 1
         self.capacity = capacity
@@ -107,26 +102,10 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     deinit {
         sweeper.withLock { $0.task }?.cancel()
-        shardStorage.references.deallocate()
-    }
-
-    /// Unretained references to the shards' storage (see ``shardStorage``).
-    @usableFromInline
-    struct UnretainedShards: @unchecked Sendable {
-        // @unchecked Sendable is sound: the buffer is written once, in `init`, before the family is
-        // shared, and only read afterwards; each reference is kept alive by `shards` until the
-        // family's deinit frees the buffer; and the storage each refers to is a `ReadMostlyLock`'s,
-        // which is Sendable.
-        @usableFromInline let references: UnsafeMutableBufferPointer<Unmanaged<ReadMostlyStorage<Shard>>>
-
-        @usableFromInline init(_ shards: [ReadMostlyLock<Shard>]) {
-            references = .allocate(capacity: shards.count)
-            _ = references.initialize(from: shards.map { Unmanaged.passUnretained($0.storage) })
-        }
     }
 
     @inlinable
-    func shard(for key: Key) -> ReadMostlyLock<Shard> {
+    func shard(for key: Key) -> LockedValue<Shard> {
         shards[shardIndex(for: key)]
     }
 
@@ -171,69 +150,38 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     // MARK: Hits
 
     /// The hit path of every read of the family that answers fresh data at once (`value(for:)`,
-    /// `fetch(for:)`, `snapshot(for:)`, a batch's keys): `find` on `key`'s shard with the key's hash,
-    /// which changes nothing and gives the entry's slot and the answer, if any (see
-    /// ``FamilyShard/lookUp(_:hash:at:hitWindow:live:)``); the access at `now` is recorded on the
-    /// entry's slot (``FamilyShard/hit(_:hash:at:)``), at once by a reader that holds the shard alone
-    /// or, once the shard's lock has spread, in the reader's stripe's ``AccessBuffer``; an answer is
-    /// reported to the observer as a hit.
+    /// `fetch(for:)`, `snapshot(for:)`, a batch's keys): `read` on `key`'s shard, under its lock, with
+    /// the key's hash (one of the shard's hits, see ``FamilyShard/hit(_:hash:at:hitWindow:live:)``);
+    /// an answer is reported to the observer as a hit.
     @inlinable @inline(__always)
-    func hit<Result>(
-        _ key: Key, at now: Duration, _ find: (inout Shard, Int) -> (slot: Int32, result: Result?)?
-    ) -> Result? {
+    func hit<Result>(_ key: Key, _ read: (inout Shard, Int) -> Result?) -> Result? {
         let hash = key.hashValue
-        let fresh = withHitShard(
-            hash,
-            exclusive: { shard -> Result? in
-                guard let found = find(&shard, hash) else { return nil }
-                shard.hit(found.slot, hash: hash, at: now)
-                return found.result
-            },
-            shared: { shard, accesses -> Result? in
-                // `find` changes nothing: see ``ReadMostlyLock/access(exclusive:shared:)``.
-                guard let found = find(&shard, hash) else { return nil }
-                accesses.append(found.slot, hash: hash, at: now)
-                return found.result
-            })
+        let fresh = withHitShard(hash) { read(&$0, hash) }
         if isObserved, fresh != nil { observeHit(of: key) }
         return fresh
     }
 
-    /// `key`'s value if it has an entry with fresh data at `now` (see ``hit(_:at:_:)``).
+    /// `key`'s value if it has an entry with fresh data at `now` (see ``hit(_:_:)``).
     @inlinable
     func freshValue(of key: Key, at now: Duration) -> Value? {
-        hit(key, at: now) { $0.freshValue(of: key, hash: $1, at: now, hitWindow: hitWindow) }
+        hit(key) { $0.freshValue(of: key, hash: $1, at: now, hitWindow: hitWindow) }
     }
 
-    /// `key`'s snapshot if it has an entry with fresh data at `now` (see ``hit(_:at:_:)``).
+    /// `key`'s snapshot if it has an entry with fresh data at `now` (see ``hit(_:_:)``).
     @inlinable
     func freshSnapshot(of key: Key, at now: Duration) -> AsyncSnapshot<Value?>? {
-        hit(key, at: now) { $0.freshSnapshot(of: key, hash: $1, at: now, hitWindow: hitWindow, expiry: expiry) }
+        hit(key) { $0.freshSnapshot(of: key, hash: $1, at: now, hitWindow: hitWindow, expiry: expiry) }
     }
 
-    /// Runs `exclusive` or `shared` on the shard of a key whose hash is `hash`, as a read of its
-    /// ``ReadMostlyLock`` (see ``ReadMostlyLock/access(exclusive:shared:)``): the hit paths' way to
-    /// their shard. The shard's storage is neither retained nor released (an array's element, even
-    /// read through its buffer, is: a write to the shard's reference count, which every reader of
-    /// the shard would share): a one-shard family reads it from a stored property, a larger one from
-    /// ``shardStorage``. Always inlined, and the closures with it, so that no closure is called on a
-    /// hit.
+    /// Runs `body` on the shard of a key whose hash is `hash`, under the shard's lock: the hit paths'
+    /// way to their shard. A one-shard family reads its shard from a stored property, so that the hit
+    /// does not retain and release the shard's storage (an array's element, even read through its
+    /// buffer, is). Always inlined, and `body` with it, so that no closure is called on a hit.
     @inlinable @inline(__always)
-    func withHitShard<Result>(
-        _ hash: Int, exclusive: (inout Shard) -> Result, shared: (inout Shard, inout AccessBuffer) -> Result
-    ) -> Result {
+    func withHitShard<Result>(_ hash: Int, _ body: (inout Shard) -> Result) -> Result {
         shardMask == 0
-            ? firstShard.access(exclusive: exclusive, shared: shared)
-            : shardStorage.references[hash & shardMask]._withUnsafeGuaranteedRef { storage in
-                ReadMostlyLock.access(storage, exclusive: exclusive, shared: shared)
-            }
-    }
-
-    /// Runs `read` on the shard of a key whose hash is `hash`, which it must not change (see
-    /// ``withHitShard(_:exclusive:shared:)``).
-    @inlinable @inline(__always)
-    func withHitShard<Result>(_ hash: Int, read: (inout Shard) -> Result) -> Result {
-        withHitShard(hash, exclusive: read, shared: { shard, _ in read(&shard) })
+            ? firstShard.withLock(body)
+            : shards.withUnsafeBufferPointer { shards in shards[hash & shardMask].withLock(body) }
     }
 
     /// Reports a hit on `key` (outside any lock).

@@ -9,50 +9,47 @@ extension FamilyShard {
         case compact(position: Int)
     }
 
-    /// The look-up of every hit on a family (see ``FamilyCore/hit(_:at:_:)``), which changes nothing:
-    /// if `key` has an entry, its slot (whose access the caller records), and, if its data is fresh
-    /// at `now` and was not fresh for `hitWindow` or longer (see ``StoreConfiguration/hitWindow``),
-    /// `live` of a live entry's published contents, or a compact entry's position, for the caller to
-    /// read. A live entry is read without being retained. `nil` without an entry.
+    /// The hit path of every read of a family that answers fresh data at once: if `key` has an entry,
+    /// records the access at `now`; then, if its data is fresh and was not fresh for `hitWindow` or
+    /// longer (see ``StoreConfiguration/hitWindow``), answers with `live` of a live entry's published
+    /// contents, or with a compact entry's position, for the caller to read. A live entry is read
+    /// without being retained. `nil` without an entry.
     @inlinable @inline(__always)
-    func lookUp<Result>(
+    mutating func hit<Result>(
         _ key: Key, hash: Int, at now: Duration, hitWindow: Duration, live: (SnapshotCell<Value?>.Contents) -> Result
-    ) -> (slot: Int32, hit: Hit<Result>)? {
+    ) -> Hit<Result>? {
         guard let position = table.position(of: key, hash: hash) else { return nil }
-        let slot = table.records[position].slot
+        hit(table.records[position].slot, hash: hash, at: now)
         let answer = table.records.withUnsafeBufferPointer { records in
             records[position].store.map { $0.cell.read(ifFreshAt: now, live) }
         }
-        if let answer { return (slot, .live(answer)) }
+        if let answer { return .live(answer) }
         guard isWithinExpiry(since: table.records[position].freshness, at: now, expiry: hitWindow) else {
-            return (slot, .live(nil))
+            return .live(nil)
         }
-        return (slot, .compact(position: position))
+        return .compact(position: position)
     }
 
-    /// `key`'s slot, and its value if its data is fresh at `now` and within `hitWindow` (see
-    /// ``lookUp(_:hash:at:hitWindow:live:)``).
-    @inlinable @inline(__always)
-    func freshValue(of key: Key, hash: Int, at now: Duration, hitWindow: Duration) -> (slot: Int32, result: Value?)? {
-        guard let found = lookUp(key, hash: hash, at: now, hitWindow: hitWindow, live: \.value) else { return nil }
-        switch found.hit {
-        case .live(let value): return (found.slot, value ?? nil)
-        case .compact(let position): return (found.slot, table.records[position].value)
+    /// `key`'s value if its data is fresh at `now` and within `hitWindow` (see ``hit(_:hash:at:hitWindow:live:)``).
+    @inlinable
+    mutating func freshValue(of key: Key, hash: Int, at now: Duration, hitWindow: Duration) -> Value? {
+        switch hit(key, hash: hash, at: now, hitWindow: hitWindow, live: \.value) {
+        case nil: return nil
+        case .live(let value): return value ?? nil
+        case .compact(let position): return table.records[position].value
         }
     }
 
-    /// `key`'s slot, and its snapshot if its data is fresh at `now` and within `hitWindow`, for data
-    /// that stays fresh for `expiry` (see ``lookUp(_:hash:at:hitWindow:live:)``).
-    @inlinable @inline(__always)
-    func freshSnapshot(of key: Key, hash: Int, at now: Duration, hitWindow: Duration, expiry: Duration)
-        -> (slot: Int32, result: AsyncSnapshot<Value?>?)?
+    /// `key`'s snapshot if its data is fresh at `now` and within `hitWindow`, for data that stays fresh
+    /// for `expiry` (see ``hit(_:hash:at:hitWindow:live:)``).
+    @inlinable
+    mutating func freshSnapshot(of key: Key, hash: Int, at now: Duration, hitWindow: Duration, expiry: Duration)
+        -> AsyncSnapshot<Value?>?
     {
-        guard let found = lookUp(key, hash: hash, at: now, hitWindow: hitWindow, live: \.freshSnapshot) else {
-            return nil
-        }
-        switch found.hit {
-        case .live(let snapshot): return (found.slot, snapshot)
-        case .compact(let position): return (found.slot, compactSnapshot(at: position, now: now, expiry: expiry))
+        switch hit(key, hash: hash, at: now, hitWindow: hitWindow, live: \.freshSnapshot) {
+        case nil: return nil
+        case .live(let snapshot): return snapshot
+        case .compact(let position): return compactSnapshot(at: position, now: now, expiry: expiry)
         }
     }
 
@@ -69,8 +66,7 @@ extension FamilyShard {
     }
 
     /// A hit on the entry at `slot`, whose key's hash is `hash`, at `now`: its last access is written
-    /// (with an idle expiry), and the policy notes it. At once by a reader that holds the shard alone,
-    /// or when a writer absorbs what readers on the shard's stripes noted (see ``AccessBuffer``).
+    /// (with an idle expiry), and the policy notes it.
     @inlinable
     mutating func hit(_ slot: Int32, hash: Int, at now: Duration) {
         recordAccess(slot, at: now)

@@ -254,7 +254,9 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         }
         for slot in liveSlots {
             guard let store = table.records[table.at(Int(slot))].store else { continue }
-            let (value, loading) = store.cell.contents.read { ($0.snapshot.value, $0.flightStart != nil) }
+            let (value, loading) = store.cell.contents.read {
+                ($0.pointee.snapshot.value, $0.pointee.flightStart != nil)
+            }
             if loading || value.map({ tagger(table.key(at: Int(slot)), $0).contains(tag) }) == true {
                 live.append(store)
             }

@@ -119,7 +119,7 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
     /// snapshot that says `loading`.
     public var activity: Activity {
         store.cell.contents.read { contents in
-            guard let start = contents.flightStart else { return .idle }
+            guard let start = contents.pointee.flightStart else { return .idle }
             return !start.hadValue ? .loadingFirstPage : start.reason == .loadMore ? .loadingMore : .refreshing
         }
     }

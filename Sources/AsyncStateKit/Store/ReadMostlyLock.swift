@@ -116,38 +116,39 @@ struct ReadMostlyLock<Value: StripeReadable>: @unchecked Sendable {
         }
     }
 
-    /// `read` of the value, which it must not change (`inout` for the reason
-    /// ``access(exclusive:shared:)`` gives), under whichever lock readers take now.
+    /// `read` of the value, which it must not change, under whichever lock readers take now.
     @inlinable @inline(__always)
-    func read<Result>(_ read: (inout Value) -> Result) -> Result {
-        access(exclusive: read, shared: { value, _ in read(&value) })
+    func read<Result>(_ read: (UnsafePointer<Value>) -> Result) -> Result {
+        access(exclusive: { read($0) }, shared: { value, _ in read(value) })
     }
 
     /// A read that may leave something for writers: `exclusive` with the value, which it may change,
     /// while readers take the mutex; `shared` with the value, which it must not change, and the
     /// caller's stripe's local storage, which it may, once the lock has spread.
     ///
-    /// `shared` gets the value `inout` although it must not change it: a value read from memory that
-    /// is not known to be exclusive is copied before a call borrows it, and for a shard the copy
-    /// retains and releases each of its arrays, writes to memory that every reader shares. `inout`
-    /// tells the compiler that nothing else changes it during the call, so it is borrowed in place.
+    /// The closures get a pointer to the value, not the value itself: `inout` would be a write in
+    /// ThreadSanitizer's eyes (it reports concurrent `inout` accesses as races, whatever they do),
+    /// and a copy of a value with references would retain them, writes that every reader would
+    /// share. Read the fields needed through the pointer (`$0.pointee.field`): a whole value passed on
+    /// from `pointee` may be copied.
     ///
     /// Always inlined with its closures; what it calls out of line takes none (a closure passed to a
     /// call that is not inlined is formed on every read, and a key path given as the closure is
     /// instantiated, at a cost of microseconds).
     @inlinable @inline(__always)
     func access<Result>(
-        exclusive: (inout Value) -> Result, shared: (inout Value, inout Value.StripeLocal) -> Result
+        exclusive: (UnsafeMutablePointer<Value>) -> Result,
+        shared: (UnsafePointer<Value>, inout Value.StripeLocal) -> Result
     ) -> Result {
         Self.access(storage, exclusive: exclusive, shared: shared)
     }
 
     /// ``access(exclusive:shared:)`` on the lock whose storage is `storage`: for a caller that holds
-    /// the storage without retaining it (see ``FamilyCore/withHitShard(_:exclusive:shared:)``).
+    /// the storage without retaining it.
     @inlinable @inline(__always)
     static func access<Result>(
-        _ storage: ReadMostlyStorage<Value>, exclusive: (inout Value) -> Result,
-        shared: (inout Value, inout Value.StripeLocal) -> Result
+        _ storage: ReadMostlyStorage<Value>, exclusive: (UnsafeMutablePointer<Value>) -> Result,
+        shared: (UnsafePointer<Value>, inout Value.StripeLocal) -> Result
     ) -> Result {
         storage.withUnsafeMutablePointers { value, words in
             var address = words[0].load(ordering: .acquiring)
@@ -162,7 +163,7 @@ struct ReadMostlyLock<Value: StripeReadable>: @unchecked Sendable {
                 }
                 if address == 0 {
                     defer { MutexWords.unlock(mutex) }
-                    return exclusive(&value.pointee)
+                    return exclusive(value)
                 }
             }
             let stripes = Stripes<Value.StripeLocal>(address)
@@ -170,7 +171,7 @@ struct ReadMostlyLock<Value: StripeReadable>: @unchecked Sendable {
             let stripe = stripes.mutex(index)
             MutexWords.lock(stripe)
             let local = stripes.local(index)
-            let result = shared(&value.pointee, &local.pointee)
+            let result = shared(value, &local.pointee)
             let wantsAbsorbing = local.pointee.wantsAbsorbing
             MutexWords.unlock(stripe)
             if wantsAbsorbing { Self.absorbIfFree(value, words, stripes) }

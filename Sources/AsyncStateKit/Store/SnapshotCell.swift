@@ -51,17 +51,17 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         for continuation in subscribers.values { continuation.finish() }
     }
 
-    @inlinable var value: Value { contents.read { $0.snapshot.value } }
+    @inlinable var value: Value { contents.read { $0.pointee.snapshot.value } }
 
-    @inlinable var phase: AsyncPhase { contents.read { $0.snapshot.phase } }
+    @inlinable var phase: AsyncPhase { contents.read { $0.pointee.snapshot.phase } }
 
     /// The value, if it came from a fetch or a write (``AsyncSnapshot/previousValue``).
-    @inlinable var previousValue: Value? { contents.read { $0.snapshot.previousValue } }
+    @inlinable var previousValue: Value? { contents.read { $0.pointee.snapshot.previousValue } }
 
     /// The current snapshot, expired or not at `now`.
     @inlinable
     func snapshot(at now: Duration) -> AsyncSnapshot<Value> {
-        contents.read { $0.snapshot(at: now, expiry: expiry) }
+        contents.read { $0.pointee.snapshot(at: now, expiry: expiry) }
     }
 
     /// `read` of the contents if the data is fresh at `now` and within the hit window, else `nil`,
@@ -70,7 +70,8 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     @inlinable @inline(__always)
     func read<Result>(ifFreshAt now: Duration, _ read: (Contents) -> Result) -> Result? {
         contents.read { contents in
-            isWithinExpiry(since: contents.freshSince, at: now, expiry: hitWindow) ? read(contents) : nil
+            isWithinExpiry(since: contents.pointee.freshSince, at: now, expiry: hitWindow)
+                ? read(contents.pointee) : nil
         }
     }
 
@@ -79,7 +80,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     /// that lifetime, `receivedAt` is not, and is the arrival while there is fresh data.
     @inlinable func hasExpired(in interval: Duration, at now: Duration) -> Bool {
         contents.read {
-            $0.freshSince == nil || !isWithinExpiry(since: $0.receivedAt, at: now, expiry: interval)
+            $0.pointee.freshSince == nil || !isWithinExpiry(since: $0.pointee.receivedAt, at: now, expiry: interval)
         }
     }
 
@@ -131,7 +132,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     }
 
     /// The number of subscribers whose streams have not ended (for tests).
-    @inlinable var subscriberCount: Int { contents.read { $0.subscribers.count } }
+    @inlinable var subscriberCount: Int { contents.read { $0.pointee.subscribers.count } }
 }
 
 extension SnapshotCell.Contents: StripeReadable {
