@@ -19,7 +19,6 @@ import Testing
         }
         var reads = 0
         var payload = (0, "0")
-        static var isolatesMutex: Bool { true }
         mutating func absorb(_ local: inout Reads) {
             reads += local.count
             local.count = 0

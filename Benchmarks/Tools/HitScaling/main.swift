@@ -93,7 +93,7 @@ func run() async throws {
         return
     }
     print("\(cores) cores; \(hits) hits per task; the best of \(runs) runs; millions of hits a second")
-    print("row".padding(toLength: 16, withPad: " ", startingAt: 0), terminator: "")
+    print("row".padding(toLength: 20, withPad: " ", startingAt: 0), terminator: "")
     for tasks in taskCounts { print("  \(tasks) task\(tasks == 1 ? " " : "s")", terminator: "") }
     print("  scaling (\(taskCounts.last!) over 1)")
     for row in selected {
@@ -103,7 +103,7 @@ func run() async throws {
             for _ in 0..<runs { figures.append(try await measure(row, tasks: tasks)) }
             best.append(figures.max()!)
         }
-        print(row.padding(toLength: 16, withPad: " ", startingAt: 0), terminator: "")
+        print(row.padding(toLength: 20, withPad: " ", startingAt: 0), terminator: "")
         for figure in best {
             print(
                 String(repeating: " ", count: max(0, 9 - format(figure / 1e6).count)) + format(figure / 1e6),

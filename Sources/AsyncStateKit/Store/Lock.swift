@@ -46,7 +46,7 @@ package final class LockStorage<Value>: ManagedBuffer<Value, UInt64> {
         let words = (MemoryLayout<pthread_mutex_t>.size + 7) / 8
         let buffer = create(minimumCapacity: words) { _ in value }
         let storage = buffer as! LockStorage<Value>  // as swift-nio does: unsafeDowncast miscompiled in 5.10
-        storage.withUnsafeMutablePointerToElements { MutexWords.initialize($0, adaptive: true) }
+        storage.withUnsafeMutablePointerToElements { MutexWords.initialize($0) }
         return storage
     }
 
@@ -80,7 +80,7 @@ enum MutexWords {
     }
 
     /// Makes a mutex at `words` (room for a `pthread_mutex_t`, rounded up to words).
-    static func initialize(_ words: UnsafeMutablePointer<UInt64>, adaptive: Bool) {
+    static func initialize(_ words: UnsafeMutablePointer<UInt64>) {
         let mutex = UnsafeMutableRawPointer(words).bindMemory(to: pthread_mutex_t.self, capacity: 1)
         #if canImport(Glibc)
         // Adaptive: a contended lock spins briefly before it sleeps. Every critical section here
@@ -88,7 +88,7 @@ enum MutexWords {
         // to release it, and a futex sleep and wake-up would cost far more than the wait.
         var attributes = pthread_mutexattr_t()
         pthread_mutexattr_init(&attributes)
-        if adaptive { pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ADAPTIVE_NP)) }
+        pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ADAPTIVE_NP))
         let rc = pthread_mutex_init(mutex, &attributes)
         pthread_mutexattr_destroy(&attributes)
         #else

@@ -21,11 +21,6 @@ protocol StripeReadable {
     /// It must change only what readers never read: when a stripe is full it runs under the mutex and
     /// that stripe alone, while readers hold the others.
     mutating func absorb(_ local: inout StripeLocal)
-
-    /// Whether the lock's mutex gets cache lines of its own, away from the value and the word that
-    /// readers load: for a value whose stripes are absorbed often, whose readers would otherwise
-    /// lose that line each time the mutex is taken.
-    static var isolatesMutex: Bool { get }
 }
 
 /// What a stripe of a ``ReadMostlyLock`` keeps for its readers.
@@ -88,9 +83,7 @@ struct ReadMostlyLock<Value: StripeReadable>: @unchecked Sendable {
         storage.withUnsafeMutablePointerToElements { words in
             let mutex = ReadMostlyStorage<Value>.mutex(in: words)
             MutexWords.lock(mutex)
-            if words[0].load(ordering: .relaxed) == 0 {
-                words[0].store(Int(bitPattern: Stripes<Value.StripeLocal>.make().base), ordering: .releasing)
-            }
+            if words[0].load(ordering: .relaxed) == 0 { _ = Self.spread(words) }
             MutexWords.unlock(mutex)
         }
     }
@@ -140,16 +133,6 @@ struct ReadMostlyLock<Value: StripeReadable>: @unchecked Sendable {
         exclusive: (UnsafeMutablePointer<Value>) -> Result,
         shared: (UnsafePointer<Value>, inout Value.StripeLocal) -> Result
     ) -> Result {
-        Self.access(storage, exclusive: exclusive, shared: shared)
-    }
-
-    /// ``access(exclusive:shared:)`` on the lock whose storage is `storage`: for a caller that holds
-    /// the storage without retaining it.
-    @inlinable @inline(__always)
-    static func access<Result>(
-        _ storage: ReadMostlyStorage<Value>, exclusive: (UnsafeMutablePointer<Value>) -> Result,
-        shared: (UnsafePointer<Value>, inout Value.StripeLocal) -> Result
-    ) -> Result {
         storage.withUnsafeMutablePointers { value, words in
             var address = words[0].load(ordering: .acquiring)
             if address == 0 {
@@ -188,12 +171,18 @@ struct ReadMostlyLock<Value: StripeReadable>: @unchecked Sendable {
         let mutex = ReadMostlyStorage<Value>.mutex(in: words)
         MutexWords.lock(mutex)
         var address = words[0].load(ordering: .relaxed)
-        if address == 0, contended >= spreadAfter {
-            address = Int(bitPattern: Stripes<Value.StripeLocal>.make().base)
-            // Released, so that a reader that loads the address (acquiring) sees the stripes made.
-            words[0].store(address, ordering: .releasing)
-        }
+        if address == 0, contended >= spreadAfter { address = spread(words) }
         if address != 0 { MutexWords.unlock(mutex) }
+        return address
+    }
+
+    /// Makes the stripes and publishes their address, which it returns: the lock spreads (under the
+    /// mutex, which the caller holds, and only once).
+    @inlinable
+    static func spread(_ words: UnsafeMutablePointer<Atomic<Int>>) -> Int {
+        let address = Int(bitPattern: Stripes<Value.StripeLocal>.make().base)
+        // Released, so that a reader that loads the address (acquiring) sees the stripes made.
+        words[0].store(address, ordering: .releasing)
         return address
     }
 
@@ -218,29 +207,24 @@ struct ReadMostlyLock<Value: StripeReadable>: @unchecked Sendable {
 
 /// The allocation behind a ``ReadMostlyLock``: the value as the header; as the elements, two
 /// atomic words (the stripes' address once the lock has spread, else 0; how many reads found the
-/// mutex taken), then the mutex (raw words, as ``LockStorage``'s), a cache line pair further on if
-/// the value asks for it (``StripeReadable/isolatesMutex``).
+/// mutex taken), then the mutex (raw words, as ``LockStorage``'s).
 @usableFromInline
 final class ReadMostlyStorage<Value: StripeReadable>: ManagedBuffer<Value, Atomic<Int>> {
     static func make(_ value: Value) -> ReadMostlyStorage<Value> {
         let mutexWords = (MemoryLayout<pthread_mutex_t>.size + 7) / 8
-        let buffer = create(minimumCapacity: mutexOffset + mutexWords) { _ in value }
+        let buffer = create(minimumCapacity: 2 + mutexWords) { _ in value }
         let storage = buffer as! ReadMostlyStorage<Value>  // as LockStorage does
         storage.withUnsafeMutablePointerToElements { words in
             (words + 0).initialize(to: Atomic(0))
             (words + 1).initialize(to: Atomic(0))
-            MutexWords.initialize(Self.mutex(in: words), adaptive: true)
+            MutexWords.initialize(Self.mutex(in: words))
         }
         return storage
     }
 
-    /// Where the mutex starts, in words from the elements' start: after the two atomic words, or
-    /// two cache line pairs on.
-    @inlinable static var mutexOffset: Int { Value.isolatesMutex ? 32 : 2 }
-
     /// The mutex, after the two atomic words.
     @inlinable static func mutex(in words: UnsafeMutablePointer<Atomic<Int>>) -> UnsafeMutablePointer<UInt64> {
-        UnsafeMutableRawPointer(words + mutexOffset).assumingMemoryBound(to: UInt64.self)
+        UnsafeMutableRawPointer(words + 2).assumingMemoryBound(to: UInt64.self)
     }
 
     deinit {
@@ -320,7 +304,7 @@ struct Stripes<Local: StripeLocalStorage> {
             of: ProcessorStripes.reader, toByteOffset: MemoryLayout<Int>.stride, as: ProcessorStripes.Reader.self)
         let stripes = Stripes(base)
         for index in 0..<count {
-            MutexWords.initialize(stripes.mutex(index), adaptive: true)
+            MutexWords.initialize(stripes.mutex(index))
             stripes.local(index).initialize(to: Local())
         }
         return stripes

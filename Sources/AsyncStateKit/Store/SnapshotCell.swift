@@ -141,9 +141,6 @@ extension SnapshotCell.Contents: StripeReadable {
 
     @inlinable mutating func absorb(_ local: inout NoStripeLocal) {}
 
-    /// Only writers take the mutex once the lock has spread: it can share the readers' lines.
-    @inlinable static var isolatesMutex: Bool { false }
-
     /// The latest value (for ``SnapshotCell/read(ifFreshAt:_:)``).
     @inlinable var value: Value { snapshot.value }
 
