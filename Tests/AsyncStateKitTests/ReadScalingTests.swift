@@ -71,21 +71,70 @@ import Testing
         #expect(lock.withLock { $0.reads } == Self.readers * perReader)
     }
 
-    /// Readers that keep finding the mutex taken spread the lock.
-    @Test func contentionSpreadsTheLock() async {
+    /// Readers that keep finding the mutex taken spread the lock, at the ``ReadMostlyLock/spreadAfter``th.
+    ///
+    /// Contention is made, not hoped for: a writer thread holds the mutex until the reader has found
+    /// it taken, once per round (a test that waits for two busy tasks to collide by chance fails on a
+    /// machine loaded enough that they never run at the same moment).
+    @Test func contentionSpreadsTheLock() {
         let lock = ReadMostlyLock(Counted())
-        let deadline = ContinuousClock.now + .seconds(10)
-        await withTaskGroup(of: Void.self) { group in
-            for _ in 0..<Self.readers {
-                group.addTask {
-                    while !lock.isSpread, ContinuousClock.now < deadline {
-                        for _ in 0..<1_000 { _ = lock.read { $0.pointee.payload.0 } }
-                        lock.withLock { $0.payload.0 += 1 }
-                    }
+        let rounds = ReadMostlyLock<Counted>.spreadAfter
+        let steps = Steps()
+        let writerDone = DispatchSemaphore(value: 0)
+        Thread.detachNewThread { [lock] in
+            for index in 1...rounds {
+                lock.withLock { value in
+                    value.payload.0 = index
+                    steps.written.store(index, ordering: .releasing)
+                    // Held until this round's read has found the mutex taken.
+                    steps.waitUntil { lock.contendedReads >= index }
                 }
+                // The next round starts once this one's read is over, not while it waits for the mutex.
+                steps.waitUntil { steps.read.load(ordering: .acquiring) >= index }
+            }
+            writerDone.signal()
+        }
+        var seen: [Int] = []
+        for index in 1...rounds {
+            steps.waitUntil { steps.written.load(ordering: .acquiring) >= index }
+            if steps.gaveUp.load(ordering: .relaxed) { break }
+            #expect(!lock.isSpread)
+            seen.append(lock.read { $0.pointee.payload.0 })
+            steps.read.store(index, ordering: .releasing)
+        }
+        writerDone.wait()
+        let gaveUp = steps.gaveUp.load(ordering: .relaxed)
+        #expect(!gaveUp)
+        #expect(lock.contendedReads == rounds)
+        #expect(lock.isSpread)
+        // Each read waited for the write that held the mutex, and saw it.
+        #expect(seen == Array(1...rounds))
+    }
+
+    /// The rounds of ``contentionSpreadsTheLock()``, shared by its two threads.
+    final class Steps: Sendable {
+        let written = Atomic<Int>(0)
+        let read = Atomic<Int>(0)
+        let gaveUp = Atomic<Bool>(false)
+        let deadline = ContinuousClock.now + .seconds(30)
+
+        /// Spins, yielding the processor, until `condition` holds, or gives up (for both threads) at
+        /// the deadline, so that a broken lock fails the test instead of hanging it.
+        func waitUntil(_ condition: () -> Bool) {
+            while !condition() {
+                if gaveUp.load(ordering: .relaxed) { return }
+                if ContinuousClock.now > deadline {
+                    gaveUp.store(true, ordering: .relaxed)
+                    return
+                }
+                sched_yield()
             }
         }
-        #expect(lock.isSpread)
+    }
+
+    /// The source a state's writer changes and its misses read.
+    final class Source: Sendable {
+        let step = Atomic<Int>(0)
     }
 
     /// What a state's readers see while a writer sets, invalidates and refreshes it.
@@ -99,21 +148,26 @@ import Testing
     /// Readers on every core against a writer that sets, invalidates and refreshes one state: no
     /// reader sees a torn value, a value older than one it saw before, or a value older than the
     /// last write that had finished when its read began.
+    ///
+    /// The source changes before each write, as a real one does before its invalidation is sent: a
+    /// miss that starts once an invalidation has finished fetches at least that step's value.
     @Test(arguments: [false, true])
     func aStateReadOnEveryCoreNeverGoesBack(spreadFirst: Bool) async throws {
         let state = AsyncState(wrappedValue: Pair(0), expiry: .seconds(3_600))
         if spreadFirst { state.store.cell.contents.spreadNow() }
         let tally = Tally()
+        let source = Source()
         let writes = 3_000
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
                 for step in 1...writes {
+                    source.step.store(step, ordering: .releasing)
                     switch step % 10 {
                     case 3: await state.invalidate()
-                    case 7: await state.refresh { Pair(tally.written.load(ordering: .acquiring) + 1) }
+                    case 7: await state.refresh { Pair(source.step.load(ordering: .acquiring)) }
                     default: await state.set(Pair(step))
                     }
-                    tally.written.store(max(step, state.wrappedValue.number), ordering: .releasing)
+                    tally.written.store(step, ordering: .releasing)
                 }
             }
             for _ in 0..<Self.readers {
@@ -122,8 +176,8 @@ import Testing
                     while true {
                         let floor = tally.written.load(ordering: .acquiring)
                         if floor >= writes { break }
-                        // A miss (after an invalidation) fetches what the writer wrote last.
-                        let value = try await state.value { Pair(tally.written.load(ordering: .acquiring)) }
+                        // A miss (after an invalidation) fetches what the source holds now.
+                        let value = try await state.value { Pair(source.step.load(ordering: .acquiring)) }
                         let snapshot = state.snapshot.value
                         if !value.isWhole || !snapshot.isWhole || value.number < last || value.number < floor {
                             tally.failures.add(1, ordering: .relaxed)

@@ -78,6 +78,11 @@ struct ReadMostlyLock<Value: StripeReadable>: @unchecked Sendable {
         storage.withUnsafeMutablePointerToElements { $0[0].load(ordering: .acquiring) != 0 }
     }
 
+    /// How many reads have found the mutex taken so far (for tests).
+    var contendedReads: Int {
+        storage.withUnsafeMutablePointerToElements { $0[1].load(ordering: .relaxed) }
+    }
+
     /// Spreads the lock now, as contention would (for tests, which cannot count on contention).
     func spreadNow() {
         storage.withUnsafeMutablePointerToElements { words in
