@@ -287,7 +287,8 @@ public final class VirtualClock: Clock, SettlingClock, DatedClock, Sendable {
             let location = SourceLocation(fileID: fileID, filePath: filePath, line: line, column: column)
             return report(
                 "waitForSleepers(\(count))",
-                "only \(pendingSleepers) of \(count) sleepers arrived within \(stallTimeout)", location)
+                "fewer than \(count) sleepers had arrived after \(stallTimeout) (\(pendingSleepers) pending now)",
+                location)
         }
     }
 
