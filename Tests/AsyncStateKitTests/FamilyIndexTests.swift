@@ -188,7 +188,10 @@ import Testing
 
     /// More than a read buffer's worth of hits between two new entries, and more than a batch: the
     /// hits the policy drops still count for idle expiry, whose instants stay exact for every key.
-    @Test func idleExpiryIsExactForEveryKeyWhateverTheHitsBetween() async throws {
+    /// Also with the shards' locks spread (as contention spreads them): hits are then noted in the
+    /// stripes' buffers and folded in later, and none may be lost, or a key in use would go as idle.
+    @Test(arguments: [false, true])
+    func idleExpiryIsExactForEveryKeyWhateverTheHitsBetween(spread: Bool) async throws {
         let clock = VirtualClock()
         let removals = LockedValue<[(key: Int, at: Duration)]>([])
         let idle = Duration.seconds(10)
@@ -198,6 +201,7 @@ import Testing
                 #expect(reason == .idle)
                 removals.withLock { $0.append((key, clock.now.offset)) }
             })
+        if spread { for shard in family.core.shards { shard.spreadNow() } }
         var random = FamilyModelTests.Random(state: 0x1d1e)
         var lastUse: [Int: Duration] = [:]
         var removed = 0

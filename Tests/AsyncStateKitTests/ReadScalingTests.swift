@@ -1,6 +1,7 @@
 // These tests run on ContinuousClock and the global concurrent executor on purpose: they look for
 // races between readers on every core and a writer, which a serial virtual executor would never
 // interleave. Run them under ThreadSanitizer too (`swift test --sanitize=thread`).
+import AsyncStateTesting
 import Foundation
 import Synchronization
 import Testing
@@ -16,11 +17,12 @@ import Testing
         struct Reads: StripeLocalStorage {
             var count = 0
             var wantsAbsorbing: Bool { count >= 1_000 }
+            var mustAbsorb: Bool { count >= 2_000 }
         }
         var reads = 0
         var payload = (0, "0")
-        mutating func absorb(_ local: inout Reads) {
-            reads += local.count
+        static func absorb(_ local: inout Reads, into value: UnsafeMutablePointer<Self>) {
+            value.pointee.reads += local.count
             local.count = 0
         }
     }
@@ -52,15 +54,13 @@ import Testing
                 group.addTask {
                     var last = 0
                     for _ in 0..<perReader {
-                        let seen = lock.access(
-                            exclusive: { value -> (Int, String) in
-                                value.pointee.reads += 1
-                                return value.pointee.payload
-                            },
-                            shared: { value, local -> (Int, String) in
-                                local.count += 1
-                                return value.pointee.payload
-                            })
+                        let seen = lock.access { value, access -> (Int, String) in
+                            switch access {
+                            case .exclusive(let value): value.pointee.reads += 1
+                            case .shared(let local): local.pointee.count += 1
+                            }
+                            return value.pointee.payload
+                        }
                         if String(seen.0) != seen.1 || seen.0 < last { tally.failures.add(1, ordering: .relaxed) }
                         last = seen.0
                     }
@@ -173,6 +173,7 @@ import Testing
             for _ in 0..<Self.readers {
                 group.addTask {
                     var last = 0
+                    var reads = 0
                     while true {
                         let floor = tally.written.load(ordering: .acquiring)
                         if floor >= writes { break }
@@ -183,6 +184,10 @@ import Testing
                             tally.failures.add(1, ordering: .relaxed)
                         }
                         last = value.number
+                        // Hits never suspend: let the writer, and the suite's other tests, have the
+                        // cooperative pool's threads now and then.
+                        reads &+= 1
+                        if reads % 16 == 0 { await Task.yield() }
                     }
                 }
             }
@@ -194,9 +199,15 @@ import Testing
     /// The same for a family's keys: readers on every core hit keys that a writer sets and
     /// invalidates; every key's values only go forward for each reader, and no entry is lost (none
     /// idle-expired or evicted).
-    @Test func aFamilyReadOnEveryCoreNeverGoesBack() async throws {
+    ///
+    /// With and without an idle expiry (a spread shard then drops no hit, see ``AccessBuffer``), and
+    /// with the shard's lock spread first or left to contention.
+    @Test(arguments: [(spreadFirst: false, idle: true), (true, true), (true, false)])
+    func aFamilyReadOnEveryCoreNeverGoesBack(spreadFirst: Bool, idle: Bool) async throws {
         let keys = 64
-        let family = AsyncStateFamily<Int, Pair>(expiry: .seconds(3_600), capacity: keys, idleExpiry: .seconds(3_600))
+        let family = AsyncStateFamily<Int, Pair>(
+            expiry: .seconds(3_600), capacity: keys, idleExpiry: idle ? .seconds(3_600) : nil)
+        if spreadFirst { for shard in family.core.shards { shard.spreadNow() } }
         // What the writer has finished writing, per key (a pthread lock, which ThreadSanitizer sees).
         let written = LockedValue([Int](repeating: 0, count: keys))
         let tally = Tally()
@@ -217,6 +228,7 @@ import Testing
                 group.addTask {
                     var last = [Int](repeating: 0, count: keys)
                     var key = reader
+                    var reads = 0
                     while !tally.done.load(ordering: .acquiring) {
                         key = (key &+ 7) % keys
                         let floor = written.withLock { $0[key] }
@@ -227,6 +239,8 @@ import Testing
                             tally.failures.add(1, ordering: .relaxed)
                         }
                         last[key] = value.number
+                        reads &+= 1
+                        if reads % 16 == 0 { await Task.yield() }
                     }
                 }
             }
@@ -234,5 +248,49 @@ import Testing
         }
         #expect(tally.failures.load(ordering: .relaxed) == 0)
         #expect(family.count == keys)
+    }
+
+    /// A spread shard's hits while another holds its mutex (a reader folding in its stripe, say):
+    /// with an idle expiry, a reader whose buffer is full waits for the mutex rather than drop a hit,
+    /// since a dropped hit would let a key in use go as idle; without one, it never waits, and the
+    /// policy goes without the hits it had no room for.
+    @Test(arguments: [true, false])
+    func aSpreadShardWaitsRatherThanDropAHitOnlyWithAnIdleExpiry(idle: Bool) async throws {
+        let clock = VirtualClock()
+        let keys = 2 * AccessBuffer.capacity
+        let family = AsyncStateFamily<Int, Int>(
+            expiry: .seconds(3_600), capacity: keys, idleExpiry: idle ? .seconds(10) : nil, clock: clock)
+        for key in 0..<keys { family.set(key, for: key) }
+        let shard = family.core.shards[0]
+        shard.spreadNow()
+        let (held, readerDone, holderDone) = (
+            DispatchSemaphore(value: 0), DispatchSemaphore(value: 0), DispatchSemaphore(value: 0)
+        )
+        let readerWaited = LockedValue(false)
+        // The other holder of the mutex: it lets go once the reader is done, or after 200 ms (a
+        // reader that waits for the mutex is never done before then).
+        Thread.detachNewThread {
+            shard.storage.withUnsafeMutablePointerToElements { words in
+                let mutex = ReadMostlyStorage<FamilyShard<Int, Int>>.mutex(in: words)
+                MutexWords.lock(mutex)
+                held.signal()
+                let waited = readerDone.wait(timeout: .now() + .milliseconds(idle ? 200 : 10_000)) == .timedOut
+                readerWaited.withLock { $0 = waited }
+                MutexWords.unlock(mutex)
+            }
+            holderDone.signal()
+        }
+        held.wait()
+        // Every key hit once at 5 s, the last two buffers' worth while the mutex is taken.
+        for key in 0..<keys { #expect(family.core.freshValue(of: key, at: .seconds(5)) == key) }
+        readerDone.signal()
+        holderDone.wait()
+        #expect(readerWaited.withLock { $0 } == idle)
+        guard idle else { return }
+        // At 11 s every key was last used at 5 s: none is idle yet, however its hit was noted.
+        await clock.advance(by: .seconds(11))
+        #expect(family.count == keys)
+        await clock.advance(by: .seconds(5))
+        #expect(family.count == 0)
     }
 }

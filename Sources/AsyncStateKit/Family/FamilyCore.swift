@@ -22,10 +22,13 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @usableFromInline typealias Store = AsyncStateStore<Value?>
     @usableFromInline typealias OnRemoval = @Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void
 
-    @usableFromInline let shards: [LockedValue<Shard>]
+    @usableFromInline let shards: [ReadMostlyLock<Shard>]
     /// The first shard (the only one of a small family), held directly: a hit on it reads a stored
     /// property, so the shard's storage is not retained and released around the hit.
-    @usableFromInline let firstShard: LockedValue<Shard>
+    @usableFromInline let firstShard: ReadMostlyLock<Shard>
+    /// The shards' storage, unretained (``shards`` keeps it alive): a hit on a family of several
+    /// shards reads its shard here (see ``withHitShard(_:_:)``).
+    @usableFromInline let unretainedShards: UnretainedShards
     @usableFromInline let shardMask: Int
     @usableFromInline let configuration: StoreConfiguration<Value?>
     @usableFromInline let clock: StoreClock
@@ -82,13 +85,14 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         shards = (0..<shardCount).map { index in
             // Each shard's policy is sized for its share of the capacity; the maximum weight is the
             // family's (the ledger).
-            LockedValue(
+            ReadMostlyLock(
                 Shard(
                     capacity: capacity / shardCount + (index < capacity % shardCount ? 1 : 0),
                     weigher: weigher, ledger: ledger, tracksIdle: idleExpiry != nil, configuration: configuration,
                     tagger: tagger))
         }
         firstShard = shards[0]
+        unretainedShards = UnretainedShards(shards)
         self.ledger = ledger
         shardMask = shardCount - 1
         self.capacity = capacity
@@ -102,10 +106,11 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     deinit {
         sweeper.withLock { $0.task }?.cancel()
+        unretainedShards.storage.deallocate()
     }
 
     @inlinable
-    func shard(for key: Key) -> LockedValue<Shard> {
+    func shard(for key: Key) -> ReadMostlyLock<Shard> {
         shards[shardIndex(for: key)]
     }
 
@@ -122,7 +127,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @inlinable
     func latestValue(of key: Key) -> Value? {
         let hash = key.hashValue
-        return withHitShard(hash) { $0.latestValue(of: key, hash: hash) }
+        return withHitShard(hash, read: { Shard.latestValue(in: $0, of: key, hash: hash) })
     }
 
     /// The snapshot of `key`'s entry at `now`, or `nil` without an entry; no access is recorded.
@@ -130,7 +135,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @inlinable
     func snapshot(of key: Key, at now: Duration) -> AsyncSnapshot<Value?>? {
         let hash = key.hashValue
-        return withHitShard(hash) { $0.snapshot(of: key, hash: hash, at: now, expiry: expiry) }
+        return withHitShard(hash, read: { Shard.snapshot(in: $0, of: key, hash: hash, at: now, expiry: expiry) })
     }
 
     /// Calls `body` with every entry's key and snapshot at `now`, shard by shard, under each shard's
@@ -150,38 +155,79 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     // MARK: Hits
 
     /// The hit path of every read of the family that answers fresh data at once (`value(for:)`,
-    /// `fetch(for:)`, `snapshot(for:)`, a batch's keys): `read` on `key`'s shard, under its lock, with
-    /// the key's hash (one of the shard's hits, see ``FamilyShard/hit(_:hash:at:hitWindow:live:)``);
-    /// an answer is reported to the observer as a hit.
+    /// `fetch(for:)`, `snapshot(for:)`, a batch's keys): `find` on `key`'s shard with the key's hash,
+    /// which changes nothing and gives the entry's slot and the answer, if any (see
+    /// ``FamilyShard/lookUp(in:_:hash:at:hitWindow:live:)``). The access at `now` is noted on the
+    /// entry's slot (``FamilyShard/noteHit(_:hash:at:in:)``) at once by a reader that holds the
+    /// shard's mutex, or, once the shard's lock has spread, in the reader's stripe's ``AccessBuffer``.
+    /// An answer is reported to the observer as a hit.
     @inlinable @inline(__always)
-    func hit<Result>(_ key: Key, _ read: (inout Shard, Int) -> Result?) -> Result? {
+    func hit<Result>(
+        _ key: Key, at now: Duration, _ find: (UnsafePointer<Shard>, Int) -> (slot: Int32, result: Result?)?
+    ) -> Result? {
         let hash = key.hashValue
-        let fresh = withHitShard(hash) { read(&$0, hash) }
+        let fresh = withHitShard(hash) { shard, access -> Result? in
+            guard let found = find(shard, hash) else { return nil }
+            switch access {
+            case .exclusive(let shard): Shard.noteHit(found.slot, hash: hash, at: now, in: shard)
+            case .shared(let accesses):
+                accesses.pointee.append(found.slot, hash: hash, at: now, lossless: shard.pointee.tracksIdle)
+            }
+            return found.result
+        }
         if isObserved, fresh != nil { observeHit(of: key) }
         return fresh
     }
 
-    /// `key`'s value if it has an entry with fresh data at `now` (see ``hit(_:_:)``).
+    /// `key`'s value if it has an entry with fresh data at `now` (see ``hit(_:at:_:)``).
     @inlinable
     func freshValue(of key: Key, at now: Duration) -> Value? {
-        hit(key) { $0.freshValue(of: key, hash: $1, at: now, hitWindow: hitWindow) }
+        hit(key, at: now) { Shard.freshValue(in: $0, of: key, hash: $1, at: now, hitWindow: hitWindow) }
     }
 
-    /// `key`'s snapshot if it has an entry with fresh data at `now` (see ``hit(_:_:)``).
+    /// `key`'s snapshot if it has an entry with fresh data at `now` (see ``hit(_:at:_:)``).
     @inlinable
     func freshSnapshot(of key: Key, at now: Duration) -> AsyncSnapshot<Value?>? {
-        hit(key) { $0.freshSnapshot(of: key, hash: $1, at: now, hitWindow: hitWindow, expiry: expiry) }
+        hit(key, at: now) {
+            Shard.freshSnapshot(in: $0, of: key, hash: $1, at: now, hitWindow: hitWindow, expiry: expiry)
+        }
     }
 
-    /// Runs `body` on the shard of a key whose hash is `hash`, under the shard's lock: the hit paths'
-    /// way to their shard. A one-shard family reads its shard from a stored property, so that the hit
-    /// does not retain and release the shard's storage (an array's element, even read through its
-    /// buffer, is). Always inlined, and `body` with it, so that no closure is called on a hit.
+    /// Runs `body` on the shard of a key whose hash is `hash`, as a read of its ``ReadMostlyLock``
+    /// (see ``ReadMostlyLock/access(_:)``): the hit paths' way to their shard. The shard's storage is
+    /// neither retained nor released (an array's element, even read through its buffer, is: a write
+    /// to the shard's reference count, which every reader of the shard would share): a one-shard
+    /// family reads it from a stored property, a larger one through ``unretainedShards``. Always
+    /// inlined, and `body` with it, so that no closure is called on a hit.
     @inlinable @inline(__always)
-    func withHitShard<Result>(_ hash: Int, _ body: (inout Shard) -> Result) -> Result {
+    func withHitShard<Result>(
+        _ hash: Int, _ body: (UnsafePointer<Shard>, ReadAccess<Shard>) -> Result
+    ) -> Result {
         shardMask == 0
-            ? firstShard.withLock(body)
-            : shards.withUnsafeBufferPointer { shards in shards[hash & shardMask].withLock(body) }
+            ? firstShard.access(body)
+            : unretainedShards.storage[hash & shardMask]._withUnsafeGuaranteedRef { $0.access(body) }
+    }
+
+    /// Runs `read` on the shard of a key whose hash is `hash`, which it must not change (see
+    /// ``withHitShard(_:_:)``).
+    @inlinable @inline(__always)
+    func withHitShard<Result>(_ hash: Int, read: (UnsafePointer<Shard>) -> Result) -> Result {
+        withHitShard(hash) { shard, _ in read(shard) }
+    }
+
+    /// The shards' storage, unretained, for the hit path (see ``withHitShard(_:_:)``).
+    @usableFromInline
+    struct UnretainedShards: @unchecked Sendable {
+        // @unchecked Sendable is sound: the buffer is written once, in the family's `init`, before
+        // the family is shared, and only read afterwards; each reference in it is kept alive by the
+        // family's `shards` until the family's deinit frees the buffer; and what each refers to is a
+        // `ReadMostlyLock`'s storage, which that lock makes safe to share.
+        @usableFromInline let storage: UnsafeMutableBufferPointer<Unmanaged<ReadMostlyStorage<Shard>>>
+
+        @usableFromInline init(_ shards: [ReadMostlyLock<Shard>]) {
+            storage = .allocate(capacity: shards.count)
+            _ = storage.initialize(from: shards.map { Unmanaged.passUnretained($0.storage) })
+        }
     }
 
     /// Reports a hit on `key` (outside any lock).

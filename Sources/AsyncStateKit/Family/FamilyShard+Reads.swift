@@ -9,68 +9,106 @@ extension FamilyShard {
         case compact(position: Int)
     }
 
-    /// The hit path of every read of a family that answers fresh data at once: if `key` has an entry,
-    /// records the access at `now`; then, if its data is fresh and was not fresh for `hitWindow` or
-    /// longer (see ``StoreConfiguration/hitWindow``), answers with `live` of a live entry's published
-    /// contents, or with a compact entry's position, for the caller to read. A live entry is read
-    /// without being retained. `nil` without an entry.
+    /// The look-up of every hit on a family (see ``FamilyCore/hit(_:at:_:)``), which changes nothing:
+    /// if `key` has an entry in `shard`, its slot (whose access the caller notes), and, if its data is
+    /// fresh at `now` and was not fresh for `hitWindow` or longer (see
+    /// ``StoreConfiguration/hitWindow``), `live` of a live entry's published contents, or a compact
+    /// entry's position, for the caller to read. A live entry is read without being retained. `nil`
+    /// without an entry.
+    ///
+    /// Static, on a pointer to the shard, as every read a hit makes: readers on the stripes of a
+    /// spread shard read it at the same time as one of them notes hits in its policy
+    /// (``absorb(_:into:)``), so a read must touch the fields it needs (`shard.pointee.table`), never
+    /// the shard as a whole, which a method's `self` may copy.
     @inlinable @inline(__always)
-    mutating func hit<Result>(
-        _ key: Key, hash: Int, at now: Duration, hitWindow: Duration, live: (SnapshotCell<Value?>.Contents) -> Result
-    ) -> Hit<Result>? {
-        guard let position = table.position(of: key, hash: hash) else { return nil }
-        hit(table.records[position].slot, hash: hash, at: now)
-        let answer = table.records.withUnsafeBufferPointer { records in
-            records[position].store.map { $0.cell.read(ifFreshAt: now, live) }
+    static func lookUp<Result>(
+        in shard: UnsafePointer<Self>, _ key: Key, hash: Int, at now: Duration, hitWindow: Duration,
+        live: (SnapshotCell<Value?>.Contents) -> Result
+    ) -> (slot: Int32, hit: Hit<Result>)? {
+        guard let position = shard.pointee.table.position(of: key, hash: hash) else { return nil }
+        // Each field is read on its own, straight from the records: a read through a closure that
+        // calls out of line (the freshness test, say) retains the records' storage around the call,
+        // a write to its reference count that every reader of the shard would share.
+        let slot = shard.pointee.table.records[position].slot
+        if let store = shard.pointee.table.records[position].store,
+            let answer = store.cell.read(ifFreshAt: now, live)
+        {
+            return (slot, .live(answer))
         }
-        if let answer { return .live(answer) }
-        guard isWithinExpiry(since: table.records[position].freshness, at: now, expiry: hitWindow) else {
-            return .live(nil)
-        }
-        return .compact(position: position)
+        let freshness = shard.pointee.table.records[position].freshness
+        guard isWithinExpiry(since: freshness, at: now, expiry: hitWindow) else { return (slot, .live(nil)) }
+        return (slot, .compact(position: position))
     }
 
-    /// `key`'s value if its data is fresh at `now` and within `hitWindow` (see ``hit(_:hash:at:hitWindow:live:)``).
+    /// `key`'s slot, and its value if its data is fresh at `now` and within `hitWindow` (see
+    /// ``lookUp(in:_:hash:at:hitWindow:live:)``).
+    @inlinable @inline(__always)
+    static func freshValue(in shard: UnsafePointer<Self>, of key: Key, hash: Int, at now: Duration, hitWindow: Duration)
+        -> (slot: Int32, result: Value?)?
+    {
+        guard let found = lookUp(in: shard, key, hash: hash, at: now, hitWindow: hitWindow, live: \.value) else {
+            return nil
+        }
+        switch found.hit {
+        case .live(let value): return (found.slot, value ?? nil)
+        case .compact(let position): return (found.slot, shard.pointee.table.records[position].value)
+        }
+    }
+
+    /// `key`'s slot, and its snapshot if its data is fresh at `now` and within `hitWindow`, for data
+    /// that stays fresh for `expiry` (see ``lookUp(in:_:hash:at:hitWindow:live:)``).
+    @inlinable @inline(__always)
+    static func freshSnapshot(
+        in shard: UnsafePointer<Self>, of key: Key, hash: Int, at now: Duration, hitWindow: Duration,
+        expiry: Duration
+    ) -> (slot: Int32, result: AsyncSnapshot<Value?>?)? {
+        guard let found = lookUp(in: shard, key, hash: hash, at: now, hitWindow: hitWindow, live: \.freshSnapshot)
+        else { return nil }
+        switch found.hit {
+        case .live(let snapshot): return (found.slot, snapshot)
+        case .compact(let position):
+            return (found.slot, compactSnapshot(in: shard, at: position, now: now, expiry: expiry))
+        }
+    }
+
+    /// A hit on `key` answered under the shard's lock (the look-up, then the access noted at once):
+    /// its value if its data is fresh at `now` and within `hitWindow`, as ``FamilyCore/hit(_:at:_:)``
+    /// makes it before the lock spreads.
     @inlinable
     mutating func freshValue(of key: Key, hash: Int, at now: Duration, hitWindow: Duration) -> Value? {
-        switch hit(key, hash: hash, at: now, hitWindow: hitWindow, live: \.value) {
-        case nil: return nil
-        case .live(let value): return value ?? nil
-        case .compact(let position): return table.records[position].value
+        withUnsafeMutablePointer(to: &self) { shard in
+            guard let found = Self.freshValue(in: shard, of: key, hash: hash, at: now, hitWindow: hitWindow) else {
+                return nil
+            }
+            Self.noteHit(found.slot, hash: hash, at: now, in: shard)
+            return found.result
         }
     }
 
-    /// `key`'s snapshot if its data is fresh at `now` and within `hitWindow`, for data that stays fresh
-    /// for `expiry` (see ``hit(_:hash:at:hitWindow:live:)``).
-    @inlinable
-    mutating func freshSnapshot(of key: Key, hash: Int, at now: Duration, hitWindow: Duration, expiry: Duration)
-        -> AsyncSnapshot<Value?>?
-    {
-        switch hit(key, hash: hash, at: now, hitWindow: hitWindow, live: \.freshSnapshot) {
-        case nil: return nil
-        case .live(let snapshot): return snapshot
-        case .compact(let position): return compactSnapshot(at: position, now: now, expiry: expiry)
-        }
-    }
-
-    /// The snapshot at `now` of the compact entry whose record is at `position`, whose data stays fresh
-    /// for `expiry`: its data's snapshot (``StateData/snapshot(atRest:phase:freshSince:lastError:lastSuccess:successCount:at:expiry:)``),
+    /// The snapshot at `now` of the compact entry whose record is at `position` in `shard`, whose data
+    /// stays fresh for `expiry`: its data's snapshot (``StateData/snapshot(atRest:phase:freshSince:lastError:lastSuccess:successCount:at:expiry:)``),
     /// from the packed fields.
     @inlinable @inline(__always)
-    func compactSnapshot(at position: Int, now: Duration, expiry: Duration) -> AsyncSnapshot<Value?> {
-        let metadata = metadata[Int(table.records[position].slot)]!
-        return Data.snapshot(
-            atRest: table.records[position].value, phase: metadata.phase, freshSince: table.records[position].freshness,
-            lastError: metadata.lastError, lastSuccess: metadata.lastSuccess, successCount: metadata.successCount,
-            at: now, expiry: expiry)
+    static func compactSnapshot(in shard: UnsafePointer<Self>, at position: Int, now: Duration, expiry: Duration)
+        -> AsyncSnapshot<Value?>
+    {
+        shard.pointee.table.records.withUnsafeBufferPointer { records in
+            let metadata = shard.pointee.metadata[Int(records[position].slot)]!
+            return Data.snapshot(
+                atRest: records[position].value, phase: metadata.phase, freshSince: records[position].freshness,
+                lastError: metadata.lastError, lastSuccess: metadata.lastSuccess, successCount: metadata.successCount,
+                at: now, expiry: expiry)
+        }
     }
 
-    /// A hit on the entry at `slot`, whose key's hash is `hash`, at `now`: its last access is written
-    /// (with an idle expiry), and the policy notes it.
+    /// A hit on the entry at `slot` of `shard`, whose key's hash is `hash`, at `now`: its last access
+    /// is written (with an idle expiry), and the policy notes it. At once by a reader that holds the
+    /// shard alone, or when the hits that readers on the shard's stripes noted are folded in (see
+    /// ``AccessBuffer``). It changes two fields, each through the pointer, which readers never read.
     @inlinable
-    mutating func hit(_ slot: Int32, hash: Int, at now: Duration) {
-        recordAccess(slot, at: now)
-        policy.noteHit(slot, hash: hash)
+    static func noteHit(_ slot: Int32, hash: Int, at now: Duration, in shard: UnsafeMutablePointer<Self>) {
+        recordAccess(slot, at: now, tracksIdle: shard.pointee.tracksIdle, in: &shard.pointee.lastAccess)
+        shard.pointee.policy.noteHit(slot, hash: hash)
     }
 
     /// The data of the compact entry whose record is at `position`: the one place a compact entry is
@@ -87,37 +125,46 @@ extension FamilyShard {
 
     // MARK: Reads that are not uses
 
-    /// The latest value of `key`, whose hash is `hash`, if it has an entry with a value; no access
-    /// is recorded. Inlinable, as the hit paths are, so that it is specialized in the caller's module.
+    /// The latest value of `key`, whose hash is `hash`, if it has an entry in `shard` with a value;
+    /// no access is recorded. Static, on a pointer, as the hits' look-up (see
+    /// ``lookUp(in:_:hash:at:hitWindow:live:)``); inlinable, so that it is specialized in the caller's
+    /// module.
     @inlinable
-    func latestValue(of key: Key, hash: Int) -> Value? {
-        guard let position = table.position(of: key, hash: hash) else { return nil }
-        return table.records.withUnsafeBufferPointer { records in
+    static func latestValue(in shard: UnsafePointer<Self>, of key: Key, hash: Int) -> Value? {
+        guard let position = shard.pointee.table.position(of: key, hash: hash) else { return nil }
+        return shard.pointee.table.records.withUnsafeBufferPointer { records in
             if let store = records[position].store { return store.cell.value }
             return records[position].value
         }
     }
 
-    /// The snapshot of `key`'s entry at `now`, whose data stays fresh for `expiry`; `nil` without an
-    /// entry. No access is recorded. Inlinable, as ``latestValue(of:hash:)``.
+    /// The snapshot of `key`'s entry in `shard` at `now`, whose data stays fresh for `expiry`; `nil`
+    /// without an entry. No access is recorded. Static and inlinable, as ``latestValue(in:of:hash:)``.
     @inlinable
-    func snapshot(of key: Key, hash: Int, at now: Duration, expiry: Duration) -> AsyncSnapshot<Value?>? {
-        guard let position = table.position(of: key, hash: hash) else { return nil }
-        return snapshot(at: position, now: now, expiry: expiry)
+    static func snapshot(in shard: UnsafePointer<Self>, of key: Key, hash: Int, at now: Duration, expiry: Duration)
+        -> AsyncSnapshot<Value?>?
+    {
+        guard let position = shard.pointee.table.position(of: key, hash: hash) else { return nil }
+        return snapshot(in: shard, at: position, now: now, expiry: expiry)
     }
 
-    /// The snapshot at `now` of the entry whose record is at `position`.
+    /// The snapshot at `now` of the entry whose record is at `position` in `shard`.
     @inlinable
-    func snapshot(at position: Int, now: Duration, expiry: Duration) -> AsyncSnapshot<Value?> {
-        if let store = table.records[position].store { return store.cell.snapshot(at: now) }
-        return compactSnapshot(at: position, now: now, expiry: expiry)
+    static func snapshot(in shard: UnsafePointer<Self>, at position: Int, now: Duration, expiry: Duration)
+        -> AsyncSnapshot<Value?>
+    {
+        if let store = shard.pointee.table.records[position].store { return store.cell.snapshot(at: now) }
+        return compactSnapshot(in: shard, at: position, now: now, expiry: expiry)
     }
 
     /// Calls `body` with every entry's key and snapshot at `now` (see ``snapshot(at:now:expiry:)``).
     @inlinable
     func forEachSnapshot(at now: Duration, expiry: Duration, _ body: (Key, AsyncSnapshot<Value?>) -> Void) {
-        for position in table.records.indices {
-            if let key = table.records[position].key { body(key, snapshot(at: position, now: now, expiry: expiry)) }
+        withUnsafePointer(to: self) { shard in
+            for position in table.records.indices {
+                guard let key = table.records[position].key else { continue }
+                body(key, Self.snapshot(in: shard, at: position, now: now, expiry: expiry))
+            }
         }
     }
 

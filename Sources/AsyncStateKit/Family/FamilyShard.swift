@@ -14,7 +14,7 @@ public import Foundation
 /// invalidation of a compact entry changes the data by its own methods, as a store's machine does: so
 /// every per-key rule is decided once, in ``StateData`` and ``FetchStateMachine``.
 ///
-/// The hit path (``hit(_:hash:at:hitWindow:live:)``) is inlinable, so that it is specialized
+/// The hit path (``lookUp(in:_:hash:at:hitWindow:live:)``) is inlinable, so that it is specialized
 /// for the caller's key and value types: unspecialized, every step would look up generic metadata.
 @usableFromInline
 struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
@@ -572,6 +572,13 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// meanwhile, so the later of the two stays.
     @inlinable
     mutating func recordAccess(_ slot: Int32, at now: Duration) {
+        Self.recordAccess(slot, at: now, tracksIdle: tracksIdle, in: &lastAccess)
+    }
+
+    /// ``recordAccess(_:at:)`` on the last accesses alone (for ``noteHit(_:hash:at:in:)``, which may
+    /// not touch the rest of the shard).
+    @inlinable
+    static func recordAccess(_ slot: Int32, at now: Duration, tracksIdle: Bool, in lastAccess: inout [Duration]) {
         if tracksIdle { lastAccess[Int(slot)] = max(lastAccess[Int(slot)], now) }
     }
 }

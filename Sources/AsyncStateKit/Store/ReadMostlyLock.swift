@@ -15,20 +15,27 @@ protocol StripeReadable {
     /// What a reader holding one stripe may write (a buffer of the accesses it saw, say): never the
     /// value itself, which readers on other stripes read at the same time.
     associatedtype StripeLocal: StripeLocalStorage
-    /// Folds what readers left in `local` into the value, and empties it: called by every writer,
-    /// for every stripe, before it changes or reads the value, and when a reader's stripe is full.
+    /// Folds what readers left in `local` into the value at `value`, and empties it: called by every
+    /// writer, for every stripe, before it changes or reads the value, and by a reader whose stripe
+    /// wants absorbing (``StripeLocalStorage/wantsAbsorbing``) under the mutex and its own stripe.
     ///
-    /// It must change only what readers never read: when a stripe is full it runs under the mutex and
-    /// that stripe alone, while readers hold the others.
-    mutating func absorb(_ local: inout StripeLocal)
+    /// So it may run while readers on the other stripes read the value: it must change only fields
+    /// that readers never read, each through the pointer (`value.pointee.field.change()`), never
+    /// `value.pointee` as a whole (an access to the whole value, which ThreadSanitizer would see
+    /// overlap the readers' and report).
+    static func absorb(_ local: inout StripeLocal, into value: UnsafeMutablePointer<Self>)
 }
 
 /// What a stripe of a ``ReadMostlyLock`` keeps for its readers.
 @usableFromInline
 protocol StripeLocalStorage {
     init()
-    /// Whether a reader should have a writer fold this in soon (a buffer that is full).
+    /// Whether the reader that holds the stripe should fold it into the value now if the mutex is
+    /// free (a buffer filling up); if it is taken, the reader goes on.
     var wantsAbsorbing: Bool { get }
+    /// Whether the reader must fold it in now, waiting for the mutex (a buffer that is full and whose
+    /// contents may not be dropped).
+    var mustAbsorb: Bool { get }
 }
 
 /// A stripe that keeps nothing for its readers.
@@ -36,6 +43,7 @@ protocol StripeLocalStorage {
 struct NoStripeLocal: StripeLocalStorage {
     @inlinable init() {}
     @inlinable var wantsAbsorbing: Bool { false }
+    @inlinable var mustAbsorb: Bool { false }
 }
 
 /// A lock for a value that many threads read at once and few write: a state's published snapshot, a
@@ -49,20 +57,23 @@ struct NoStripeLocal: StripeLocalStorage {
 /// processors then write no memory in common, so their reads scale with the cores; only a read of a
 /// value that holds references still retains that value's storage, which no Swift read avoids. A
 /// writer takes the mutex and then every stripe, in order, so it excludes every reader, and before
-/// it runs it folds every stripe's local storage into the value (``StripeReadable/absorb(_:)``). A
-/// stripe whose local storage is full is folded in by the reader that filled it, under the mutex
-/// and one stripe at a time.
-/// The stripes are kept until the lock is freed: a lock never shrinks back.
+/// it runs it folds every stripe's local storage into the value (``StripeReadable/absorb(_:into:)``). A
+/// reader whose stripe's local storage fills up folds that stripe in itself, under the mutex and its
+/// own stripe, if the mutex is free (or must be waited for: ``StripeLocalStorage/mustAbsorb``); the
+/// other stripes' readers go on meanwhile. The stripes are kept until the lock is freed: a lock
+/// never shrinks back.
 ///
 /// ThreadSanitizer sees every synchronization: readers and writers meet only on pthread mutexes
 /// (which it intercepts), and the stripes are published once, with a release store of an atomic that
 /// readers load with acquire ordering (which it models), after being initialized under the mutex.
 @usableFromInline
 struct ReadMostlyLock<Value: StripeReadable>: @unchecked Sendable {
-    // @unchecked Sendable is sound: the value is written only by a writer, which holds the mutex and
-    // every stripe (so no reader holds any), and read only by a reader holding the mutex (before the
-    // lock spreads: then it excludes every writer) or one stripe (after: every writer needs it too). A
-    // stripe's local storage is touched only by the holder of that stripe or by a writer holding all.
+    // @unchecked Sendable is sound: the value is written by a writer, which holds the mutex and every
+    // stripe (so no reader holds any), or, in fields readers never read, by a reader folding in its
+    // stripe under the mutex (which excludes writers and other folding readers); and it is read by a
+    // reader holding the mutex (before the lock spreads: then it excludes every writer) or one stripe
+    // (after: every writer needs it too). A stripe's local storage is touched only by the holder of
+    // that stripe or by a writer holding all.
     @usableFromInline let storage: ReadMostlyStorage<Value>
 
     /// How many times readers find the mutex taken before the lock spreads.
@@ -109,7 +120,7 @@ struct ReadMostlyLock<Value: StripeReadable>: @unchecked Sendable {
             let stripes = Stripes<Value.StripeLocal>(address)
             stripes.lockAll()
             defer { stripes.unlockAll() }
-            stripes.absorbAll(into: &value.pointee)
+            stripes.absorbAll(into: value)
             return try body(&value.pointee)
         }
     }
@@ -117,54 +128,16 @@ struct ReadMostlyLock<Value: StripeReadable>: @unchecked Sendable {
     /// `read` of the value, which it must not change, under whichever lock readers take now.
     @inlinable @inline(__always)
     func read<Result>(_ read: (UnsafePointer<Value>) -> Result) -> Result {
-        access(exclusive: { read($0) }, shared: { value, _ in read(value) })
+        storage.access { value, _ in read(value) }
     }
 
-    /// A read that may leave something for writers: `exclusive` with the value, which it may change,
-    /// while readers take the mutex; `shared` with the value, which it must not change, and the
-    /// caller's stripe's local storage, which it may, once the lock has spread.
-    ///
-    /// The closures get a pointer to the value, not the value itself: `inout` would be a write in
-    /// ThreadSanitizer's eyes (it reports concurrent `inout` accesses as races, whatever they do),
-    /// and a copy of a value with references would retain them, writes that every reader would
-    /// share. Read the fields needed through the pointer (`$0.pointee.field`): a whole value passed on
-    /// from `pointee` may be copied.
-    ///
-    /// Always inlined with its closures; what it calls out of line takes none (a closure passed to a
-    /// call that is not inlined is formed on every read, and a key path given as the closure is
-    /// instantiated, at a cost of microseconds).
+    /// A read that may leave something for writers: `body` with the value, which it must not change
+    /// through that pointer, and how the caller holds the lock: `exclusive` with the value, which it
+    /// may change, while readers take the mutex; `shared` with the caller's stripe's local storage,
+    /// which it may change, once the lock has spread (see ``ReadMostlyStorage/access(_:)``).
     @inlinable @inline(__always)
-    func access<Result>(
-        exclusive: (UnsafeMutablePointer<Value>) -> Result,
-        shared: (UnsafePointer<Value>, inout Value.StripeLocal) -> Result
-    ) -> Result {
-        storage.withUnsafeMutablePointers { value, words in
-            var address = words[0].load(ordering: .acquiring)
-            if address == 0 {
-                let mutex = ReadMostlyStorage<Value>.mutex(in: words)
-                if !MutexWords.tryLock(mutex) {
-                    address = Self.enterContended(words)
-                } else if words[0].load(ordering: .relaxed) != 0 {
-                    // Spread between the load and the lock (the stripes are published under the mutex).
-                    MutexWords.unlock(mutex)
-                    address = words[0].load(ordering: .acquiring)
-                }
-                if address == 0 {
-                    defer { MutexWords.unlock(mutex) }
-                    return exclusive(value)
-                }
-            }
-            let stripes = Stripes<Value.StripeLocal>(address)
-            let index = stripes.current
-            let stripe = stripes.mutex(index)
-            MutexWords.lock(stripe)
-            let local = stripes.local(index)
-            let result = shared(value, &local.pointee)
-            let wantsAbsorbing = local.pointee.wantsAbsorbing
-            MutexWords.unlock(stripe)
-            if wantsAbsorbing { Self.absorbIfFree(value, words, stripes) }
-            return result
-        }
+    func access<Result>(_ body: (UnsafePointer<Value>, ReadAccess<Value>) -> Result) -> Result {
+        storage.access(body)
     }
 
     /// For a read that found the mutex taken: counts it, takes the mutex, and spreads the lock at the
@@ -191,23 +164,39 @@ struct ReadMostlyLock<Value: StripeReadable>: @unchecked Sendable {
         return address
     }
 
-    /// Folds every stripe into the value if the mutex is free now (otherwise a writer is at work, and
-    /// will): holding the mutex, which excludes writers, and one stripe at a time, so that readers on
-    /// the other stripes go on reading (see ``StripeReadable/absorb(_:)``).
+    /// Folds stripe `index`, which the caller holds and releases here, into `value`: if the mutex is
+    /// free now, or, if the stripe must be absorbed (``StripeLocalStorage/mustAbsorb``), once it is
+    /// (letting go of the stripe to wait for it, as the lock order is the mutex, then the stripes).
+    /// Under the mutex, which excludes writers, and that stripe alone, so that readers on the other
+    /// stripes go on reading (see ``StripeReadable/absorb(_:into:)``).
     @inlinable @inline(never)
-    static func absorbIfFree(
-        _ value: UnsafeMutablePointer<Value>, _ words: UnsafeMutablePointer<Atomic<Int>>,
-        _ stripes: Stripes<Value.StripeLocal>
+    static func absorb(
+        stripe index: Int, of stripes: Stripes<Value.StripeLocal>, into value: UnsafeMutablePointer<Value>,
+        _ words: UnsafeMutablePointer<Atomic<Int>>
     ) {
         let mutex = ReadMostlyStorage<Value>.mutex(in: words)
-        guard MutexWords.tryLock(mutex) else { return }
-        for index in 0..<stripes.count {
-            MutexWords.lock(stripes.mutex(index))
-            value.pointee.absorb(&stripes.local(index).pointee)
-            MutexWords.unlock(stripes.mutex(index))
+        let stripe = stripes.mutex(index)
+        if !MutexWords.tryLock(mutex) {
+            guard stripes.local(index).pointee.mustAbsorb else { return MutexWords.unlock(stripe) }
+            MutexWords.unlock(stripe)
+            MutexWords.lock(mutex)
+            MutexWords.lock(stripe)
         }
+        Value.absorb(&stripes.local(index).pointee, into: value)
+        MutexWords.unlock(stripe)
         MutexWords.unlock(mutex)
     }
+}
+
+/// How a reader holds a ``ReadMostlyLock`` (see ``ReadMostlyLock/access(_:)``).
+@usableFromInline
+enum ReadAccess<Value: StripeReadable> {
+    /// The reader holds the mutex, which excludes every other reader and writer: it may change the
+    /// value, through this pointer.
+    case exclusive(UnsafeMutablePointer<Value>)
+    /// The lock has spread and the reader holds one stripe: it may change that stripe's local
+    /// storage, through this pointer, and not the value, which readers on other stripes read.
+    case shared(UnsafeMutablePointer<Value.StripeLocal>)
 }
 
 /// The allocation behind a ``ReadMostlyLock``: the value as the header; as the elements, two
@@ -225,6 +214,52 @@ final class ReadMostlyStorage<Value: StripeReadable>: ManagedBuffer<Value, Atomi
             MutexWords.initialize(Self.mutex(in: words))
         }
         return storage
+    }
+
+    /// The body of ``ReadMostlyLock/access(_:)``, on the storage, so that a caller holding it unretained
+    /// (`Unmanaged`'s guaranteed reference) reads without retaining it.
+    ///
+    /// `body` gets a pointer to the value, not the value itself: `inout` would be a write in
+    /// ThreadSanitizer's eyes (it reports concurrent `inout` accesses as races, whatever they do),
+    /// and a copy of a value with references would retain them, writes that every reader would
+    /// share. Read the fields needed through the pointer (`$0.pointee.field`): a whole value passed on
+    /// from `pointee` may be copied.
+    ///
+    /// Always inlined with `body`, which it calls in one place (so that the optimizer inlines it
+    /// too); what it calls out of line takes no closure (a closure passed to a call that is not
+    /// inlined is formed on every read, and a key path given as the closure is instantiated, at a
+    /// cost of microseconds).
+    @inlinable @inline(__always)
+    final func access<Result>(_ body: (UnsafePointer<Value>, ReadAccess<Value>) -> Result) -> Result {
+        withUnsafeMutablePointers { value, words in
+            let mutex = Self.mutex(in: words)
+            var address = words[0].load(ordering: .acquiring)
+            if address == 0 {
+                if !MutexWords.tryLock(mutex) {
+                    address = ReadMostlyLock<Value>.enterContended(words)
+                } else if words[0].load(ordering: .relaxed) != 0 {
+                    // Spread between the load and the lock (the stripes are published under the mutex).
+                    MutexWords.unlock(mutex)
+                    address = words[0].load(ordering: .acquiring)
+                }
+            }
+            // Not spread: the caller holds the mutex. Spread: it takes its processor's stripe.
+            let stripes = address == 0 ? nil : Stripes<Value.StripeLocal>(address)
+            let index = stripes?.current ?? 0
+            if let stripes { MutexWords.lock(stripes.mutex(index)) }
+            let result = body(
+                UnsafePointer(value), stripes.map { .shared($0.local(index)) } ?? .exclusive(value))
+            guard let stripes else {
+                MutexWords.unlock(mutex)
+                return result
+            }
+            if stripes.local(index).pointee.wantsAbsorbing {
+                ReadMostlyLock<Value>.absorb(stripe: index, of: stripes, into: value, words)
+            } else {
+                MutexWords.unlock(stripes.mutex(index))
+            }
+            return result
+        }
     }
 
     /// The mutex, after the two atomic words.
@@ -296,8 +331,9 @@ struct Stripes<Local: StripeLocalStorage> {
     }
 
     /// Folds every stripe's local storage into `value` (the caller holds every stripe).
-    @inlinable func absorbAll<Value: StripeReadable>(into value: inout Value) where Value.StripeLocal == Local {
-        for index in 0..<count { value.absorb(&local(index).pointee) }
+    @inlinable func absorbAll<Value: StripeReadable>(into value: UnsafeMutablePointer<Value>)
+    where Value.StripeLocal == Local {
+        for index in 0..<count { Value.absorb(&local(index).pointee, into: value) }
     }
 
     /// Allocates and initializes the stripes, a stripe per processor.

@@ -139,7 +139,7 @@ extension SnapshotCell.Contents: StripeReadable {
     /// Readers of a snapshot leave nothing for writers.
     @usableFromInline typealias StripeLocal = NoStripeLocal
 
-    @inlinable mutating func absorb(_ local: inout NoStripeLocal) {}
+    @inlinable static func absorb(_ local: inout NoStripeLocal, into value: UnsafeMutablePointer<Self>) {}
 
     /// The latest value (for ``SnapshotCell/read(ifFreshAt:_:)``).
     @inlinable var value: Value { snapshot.value }
