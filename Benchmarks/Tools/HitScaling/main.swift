@@ -97,11 +97,13 @@ func run() async throws {
     for tasks in taskCounts { print("  \(tasks) task\(tasks == 1 ? " " : "s")", terminator: "") }
     print("  scaling (\(taskCounts.last!) over 1)")
     for row in selected {
-        var best: [Double] = []
-        for tasks in taskCounts {
-            var figures: [Double] = []
-            for _ in 0..<runs { figures.append(try await measure(row, tasks: tasks)) }
-            best.append(figures.max()!)
+        // The task counts take turns run after run, so that a slow spell of this shared machine
+        // falls on all of them rather than on one.
+        var best = [Double](repeating: 0, count: taskCounts.count)
+        for _ in 0..<runs {
+            for (index, tasks) in taskCounts.enumerated() {
+                best[index] = max(best[index], try await measure(row, tasks: tasks))
+            }
         }
         print(row.padding(toLength: 20, withPad: " ", startingAt: 0), terminator: "")
         for figure in best {
