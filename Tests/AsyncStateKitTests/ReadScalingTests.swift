@@ -293,4 +293,71 @@ import Testing
         await clock.advance(by: .seconds(5))
         #expect(family.count == 0)
     }
+
+    /// A value whose readers count their reads on a stripe that holds at most 16 and may not drop
+    /// any (as a shard's buffer with an idle expiry).
+    struct Bounded: StripeReadable {
+        struct Reads: StripeLocalStorage {
+            var count = 0
+            var dropped = 0
+            var wantsAbsorbing: Bool { count >= 8 }
+            var mustAbsorb: Bool { count >= 16 }
+        }
+        var reads = 0
+        static func absorb(_ local: inout Reads, into value: UnsafeMutablePointer<Self>) {
+            value.pointee.reads += local.count
+            local.count = 0
+        }
+    }
+
+    /// A stripe that may not drop what its readers leave is never full when a reader reads, however
+    /// many readers share it and however long the mutex is held: the one that must fold it in holds
+    /// the stripe from then until it has read.
+    @Test func aStripeThatMayNotDropIsNeverFullWhenRead() {
+        let lock = ReadMostlyLock(Bounded())
+        lock.spreadNow()
+        let threads = 4 * Self.readers
+        let perThread = 20_000
+        let steps = Steps()
+        let group = DispatchGroup()
+        // Another holder of the mutex, as a reader folding in its stripe would be, now and then.
+        DispatchQueue.global().async(group: group) {
+            lock.storage.withUnsafeMutablePointerToElements { words in
+                let mutex = ReadMostlyStorage<Bounded>.mutex(in: words)
+                while steps.read.load(ordering: .acquiring) < threads {
+                    MutexWords.lock(mutex)
+                    for _ in 0..<2_000 { sched_yield() }
+                    MutexWords.unlock(mutex)
+                    sched_yield()
+                }
+            }
+        }
+        for _ in 0..<threads {
+            group.enter()
+            Thread.detachNewThread {
+                for _ in 0..<perThread {
+                    lock.access { _, access in
+                        guard case .shared(let local) = access else { return }
+                        if local.pointee.count >= 16 {
+                            local.pointee.dropped += 1
+                        } else {
+                            local.pointee.count += 1
+                        }
+                    }
+                }
+                steps.read.add(1, ordering: .releasing)
+                group.leave()
+            }
+        }
+        group.wait()
+        // What the readers dropped stays on the stripes (a writer's folding in keeps it).
+        let dropped = lock.withLock { _ in
+            lock.storage.withUnsafeMutablePointerToElements { words in
+                let stripes = Stripes<Bounded.Reads>(words[0].load(ordering: .acquiring))
+                return (0..<stripes.count).reduce(0) { $0 + stripes.local($1).pointee.dropped }
+            }
+        }
+        #expect(dropped == 0)
+        #expect(lock.withLock { $0.reads } == threads * perThread)
+    }
 }

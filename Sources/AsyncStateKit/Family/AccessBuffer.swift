@@ -8,8 +8,9 @@
 /// another stripe's reader has it, the reader goes on, and once the buffer is full, further hits are
 /// dropped until it is folded in: under contention the policy works from a sample of the hits, as it
 /// does from its own read buffer (see ``TinyLFUPolicy``). A shard with an idle expiry drops none:
-/// a dropped hit would be an access its idle expiry missed, an entry in use removed as idle. Its
-/// readers wait for the mutex when their buffer is full. Every writer folds every buffer in first, so
+/// a dropped hit would be an access its idle expiry missed, an entry in use removed as idle. The
+/// next reader of a full buffer waits for the mutex and folds it in before it reads (holding the
+/// stripe from then on, so that no other reader fills it meanwhile). Every writer folds every buffer in first, so
 /// no change to the shard and no eviction or idle sweep decides on a shard that is missing a hit
 /// still held here.
 @usableFromInline
@@ -57,7 +58,7 @@ struct AccessBuffer: StripeLocalStorage {
     @inlinable var mustAbsorb: Bool { isLossless && count >= Self.capacity }
 
     /// Notes a hit on `slot` at `now`, or drops it if the buffer is full. `lossless` says whether the
-    /// shard may lose none (then the reader folds a full buffer in before the next hit).
+    /// shard may lose none (then a full buffer is folded in before the next hit: ``mustAbsorb``).
     @inlinable @inline(__always)
     mutating func append(_ slot: Int32, hash: Int, at now: Duration, lossless: Bool) {
         isLossless = lossless

@@ -33,8 +33,8 @@ protocol StripeLocalStorage {
     /// Whether the reader that holds the stripe should fold it into the value now if the mutex is
     /// free (a buffer filling up); if it is taken, the reader goes on.
     var wantsAbsorbing: Bool { get }
-    /// Whether the reader must fold it in now, waiting for the mutex (a buffer that is full and whose
-    /// contents may not be dropped).
+    /// Whether the next reader of the stripe must fold it in before it reads, waiting for the mutex
+    /// if need be (a buffer that is full and whose contents may not be dropped).
     var mustAbsorb: Bool { get }
 }
 
@@ -59,8 +59,9 @@ struct NoStripeLocal: StripeLocalStorage {
 /// writer takes the mutex and then every stripe, in order, so it excludes every reader, and before
 /// it runs it folds every stripe's local storage into the value (``StripeReadable/absorb(_:into:)``). A
 /// reader whose stripe's local storage fills up folds that stripe in itself, under the mutex and its
-/// own stripe, if the mutex is free (or must be waited for: ``StripeLocalStorage/mustAbsorb``); the
-/// other stripes' readers go on meanwhile. The stripes are kept until the lock is freed: a lock
+/// own stripe, if the mutex is free (and the next reader, before it reads, waits for the mutex if the
+/// storage is full and may not be dropped: ``StripeLocalStorage/mustAbsorb``); the other stripes'
+/// readers go on meanwhile. The stripes are kept until the lock is freed: a lock
 /// never shrinks back.
 ///
 /// ThreadSanitizer sees every synchronization: readers and writers meet only on pthread mutexes
@@ -164,26 +165,37 @@ struct ReadMostlyLock<Value: StripeReadable>: @unchecked Sendable {
         return address
     }
 
-    /// Folds stripe `index`, which the caller holds and releases here, into `value`: if the mutex is
-    /// free now, or, if the stripe must be absorbed (``StripeLocalStorage/mustAbsorb``), once it is
-    /// (letting go of the stripe to wait for it, as the lock order is the mutex, then the stripes).
-    /// Under the mutex, which excludes writers, and that stripe alone, so that readers on the other
+    /// Folds stripe `index`, which the caller holds and releases here, into `value` if the mutex is
+    /// free now (otherwise a writer or another stripe's reader has it, and the caller goes on):
+    /// under the mutex, which excludes writers, and that stripe alone, so that readers on the other
     /// stripes go on reading (see ``StripeReadable/absorb(_:into:)``).
     @inlinable @inline(never)
-    static func absorb(
+    static func absorbIfFree(
         stripe index: Int, of stripes: Stripes<Value.StripeLocal>, into value: UnsafeMutablePointer<Value>,
         _ words: UnsafeMutablePointer<Atomic<Int>>
     ) {
         let mutex = ReadMostlyStorage<Value>.mutex(in: words)
-        let stripe = stripes.mutex(index)
-        if !MutexWords.tryLock(mutex) {
-            guard stripes.local(index).pointee.mustAbsorb else { return MutexWords.unlock(stripe) }
-            MutexWords.unlock(stripe)
-            MutexWords.lock(mutex)
-            MutexWords.lock(stripe)
+        if MutexWords.tryLock(mutex) {
+            Value.absorb(&stripes.local(index).pointee, into: value)
+            MutexWords.unlock(mutex)
         }
+        MutexWords.unlock(stripes.mutex(index))
+    }
+
+    /// Folds stripe `index`, which the caller holds, into `value` once the mutex is free (for a stripe
+    /// that must be folded in before its reader reads: ``StripeLocalStorage/mustAbsorb``). It lets go
+    /// of the stripe to wait, as the lock order is the mutex, then the stripes, and returns holding
+    /// it again, so that no other reader of the stripe adds to it in between.
+    @inlinable @inline(never)
+    static func absorbWaiting(
+        stripe index: Int, of stripes: Stripes<Value.StripeLocal>, into value: UnsafeMutablePointer<Value>,
+        _ words: UnsafeMutablePointer<Atomic<Int>>
+    ) {
+        let mutex = ReadMostlyStorage<Value>.mutex(in: words)
+        MutexWords.unlock(stripes.mutex(index))
+        MutexWords.lock(mutex)
+        MutexWords.lock(stripes.mutex(index))
         Value.absorb(&stripes.local(index).pointee, into: value)
-        MutexWords.unlock(stripe)
         MutexWords.unlock(mutex)
     }
 }
@@ -246,7 +258,13 @@ final class ReadMostlyStorage<Value: StripeReadable>: ManagedBuffer<Value, Atomi
             // Not spread: the caller holds the mutex. Spread: it takes its processor's stripe.
             let stripes = address == 0 ? nil : Stripes<Value.StripeLocal>(address)
             let index = stripes?.current ?? 0
-            if let stripes { MutexWords.lock(stripes.mutex(index)) }
+            if let stripes {
+                MutexWords.lock(stripes.mutex(index))
+                // A stripe whose contents may not be dropped is folded in before it is full and read.
+                if stripes.local(index).pointee.mustAbsorb {
+                    ReadMostlyLock<Value>.absorbWaiting(stripe: index, of: stripes, into: value, words)
+                }
+            }
             let result = body(
                 UnsafePointer(value), stripes.map { .shared($0.local(index)) } ?? .exclusive(value))
             guard let stripes else {
@@ -254,7 +272,7 @@ final class ReadMostlyStorage<Value: StripeReadable>: ManagedBuffer<Value, Atomi
                 return result
             }
             if stripes.local(index).pointee.wantsAbsorbing {
-                ReadMostlyLock<Value>.absorb(stripe: index, of: stripes, into: value, words)
+                ReadMostlyLock<Value>.absorbIfFree(stripe: index, of: stripes, into: value, words)
             } else {
                 MutexWords.unlock(stripes.mutex(index))
             }
