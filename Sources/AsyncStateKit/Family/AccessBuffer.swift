@@ -10,9 +10,9 @@
 /// does from its own read buffer (see ``TinyLFUPolicy``). A shard with an idle expiry drops none:
 /// a dropped hit would be an access its idle expiry missed, an entry in use removed as idle. The
 /// next reader of a full buffer waits for the mutex and folds it in before it reads (holding the
-/// stripe from then on, so that no other reader fills it meanwhile). Every writer folds every buffer in first, so
-/// no change to the shard and no eviction or idle sweep decides on a shard that is missing a hit
-/// still held here.
+/// stripe from then on, so that no other reader fills it meanwhile). Every writer folds every
+/// buffer in first, so no change to the shard and no eviction or idle sweep decides on a shard that
+/// is missing a hit still held here.
 @usableFromInline
 struct AccessBuffer: StripeLocalStorage {
     /// A hit: the entry's slot, its key's hash, and when.
