@@ -291,3 +291,18 @@ import Testing
         #expect(shared > 0)  // the keys do collide: the check above is not vacuous
     }
 }
+
+extension FamilyShard {
+    /// A hit on `key` as ``FamilyCore/hit(_:at:_:)`` makes it while the shard's lock has not spread:
+    /// the look-up, then the access noted at once; its value if its data is fresh at `now` and within
+    /// `hitWindow`.
+    mutating func freshValue(of key: Key, hash: Int, at now: Duration, hitWindow: Duration) -> Value? {
+        withUnsafeMutablePointer(to: &self) { shard in
+            guard let found = Self.freshValue(in: shard, of: key, hash: hash, at: now, hitWindow: hitWindow) else {
+                return nil
+            }
+            Self.noteHit(found.slot, hash: hash, at: now, in: shard)
+            return found.result
+        }
+    }
+}

@@ -23,11 +23,8 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @usableFromInline typealias OnRemoval = @Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void
 
     @usableFromInline let shards: [ReadMostlyLock<Shard>]
-    /// The first shard (the only one of a small family), held directly: a hit on it reads a stored
-    /// property, so the shard's storage is not retained and released around the hit.
-    @usableFromInline let firstShard: ReadMostlyLock<Shard>
-    /// The shards' storage, unretained (``shards`` keeps it alive): a hit on a family of several
-    /// shards reads its shard here (see ``withHitShard(_:_:)``).
+    /// The shards' storage, unretained (``shards`` keeps it alive): a hit reads its shard here (see
+    /// ``withHitShard(_:_:)``).
     @usableFromInline let unretainedShards: UnretainedShards
     @usableFromInline let shardMask: Int
     @usableFromInline let configuration: StoreConfiguration<Value?>
@@ -91,7 +88,6 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
                     weigher: weigher, ledger: ledger, tracksIdle: idleExpiry != nil, configuration: configuration,
                     tagger: tagger))
         }
-        firstShard = shards[0]
         unretainedShards = UnretainedShards(shards)
         self.ledger = ledger
         shardMask = shardCount - 1
@@ -196,16 +192,14 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// Runs `body` on the shard of a key whose hash is `hash`, as a read of its ``ReadMostlyLock``
     /// (see ``ReadMostlyLock/access(_:)``): the hit paths' way to their shard. The shard's storage is
     /// neither retained nor released (an array's element, even read through its buffer, is: a write
-    /// to the shard's reference count, which every reader of the shard would share): a one-shard
-    /// family reads it from a stored property, a larger one through ``unretainedShards``. Always
-    /// inlined, and `body` with it, so that no closure is called on a hit.
+    /// to the shard's reference count, which every reader of the shard would share): it is read
+    /// through ``unretainedShards``. Always inlined, and `body` with it, so that no closure is called
+    /// on a hit.
     @inlinable @inline(__always)
     func withHitShard<Result>(
         _ hash: Int, _ body: (UnsafePointer<Shard>, ReadAccess<Shard>) -> Result
     ) -> Result {
-        shardMask == 0
-            ? firstShard.access(body)
-            : unretainedShards.storage[hash & shardMask]._withUnsafeGuaranteedRef { $0.access(body) }
+        unretainedShards.storage[hash & shardMask]._withUnsafeGuaranteedRef { $0.access(body) }
     }
 
     /// Runs `read` on the shard of a key whose hash is `hash`, which it must not change (see

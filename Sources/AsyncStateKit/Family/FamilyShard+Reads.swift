@@ -71,20 +71,6 @@ extension FamilyShard {
         }
     }
 
-    /// A hit on `key` answered under the shard's lock (the look-up, then the access noted at once):
-    /// its value if its data is fresh at `now` and within `hitWindow`, as ``FamilyCore/hit(_:at:_:)``
-    /// makes it before the lock spreads.
-    @inlinable
-    mutating func freshValue(of key: Key, hash: Int, at now: Duration, hitWindow: Duration) -> Value? {
-        withUnsafeMutablePointer(to: &self) { shard in
-            guard let found = Self.freshValue(in: shard, of: key, hash: hash, at: now, hitWindow: hitWindow) else {
-                return nil
-            }
-            Self.noteHit(found.slot, hash: hash, at: now, in: shard)
-            return found.result
-        }
-    }
-
     /// The snapshot at `now` of the compact entry whose record is at `position` in `shard`, whose data
     /// stays fresh for `expiry`: its data's snapshot (``StateData/snapshot(atRest:phase:freshSince:lastError:lastSuccess:successCount:at:expiry:)``),
     /// from the packed fields.
