@@ -13,8 +13,10 @@ extension FamilyShard {
     /// if `key` has an entry in `shard`, its slot (whose access the caller notes), and, if its data is
     /// fresh at `now` and was not fresh for `hitWindow` or longer (see
     /// ``StoreConfiguration/hitWindow``), `live` of a live entry's published contents, or a compact
-    /// entry's position, for the caller to read. A live entry is read without being retained. `nil`
-    /// without an entry.
+    /// entry's position, for the caller to read. `nil` without an entry. A compact entry is read
+    /// without a retain; a live entry's store (and the records, around the call into its cell) is
+    /// retained and released, since the optimizer cannot prove the records unchanged across that
+    /// call through a pointer: a reference-count write that live hits share.
     ///
     /// Static, on a pointer to the shard, as every read a hit makes: readers on the stripes of a
     /// spread shard read it at the same time as one of them notes hits in its policy
