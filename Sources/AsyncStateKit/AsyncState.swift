@@ -149,7 +149,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         self.init(
             wrappedValue, expiry, clock, retry, timeout, softTimeout, failureExpiry, staleWhileRevalidate, refreshAfter,
             maxStaleAge,
-            name: name, observer: observer, isEmpty: isEmpty ?? { _ in false })
+            name: name, observer: observer, isEmpty: isEmpty)
     }
 
     /// Creates a state holding a collection; an empty collection is ``AsyncPhase/empty``.
@@ -208,7 +208,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         _ timeout: Duration?, _ softTimeout: Duration?, _ failureExpiry: Duration, _ staleWhileRevalidate: Bool,
         _ refreshAfter: Duration?,
         _ maxStaleAge: Duration?, name: String, observer: (any AsyncStateObserver)?,
-        isEmpty: @escaping @Sendable (Value) -> Bool
+        isEmpty: (@Sendable (Value) -> Bool)?
     ) {
         let configuration = StoreConfiguration(
             expiry: expiry, failureExpiry: failureExpiry, isEmpty: isEmpty, retry: retry, timeout: timeout,

@@ -213,18 +213,18 @@ import Testing
         #expect(try await RatesService().current().euro == 1.08)
     }
 
-    @Test func aCompactEntryKeepsItsInstantsInWholeNanosecondsRoundedDown() {
-        typealias Metadata = FamilyShard<Int, Int>.Metadata
-        #expect(Metadata.nanoseconds(nil) == .min && Metadata.instant(.min) == nil)
-        #expect(Metadata.nanoseconds(.seconds(3) + .nanoseconds(7)) == 3_000_000_007)
-        #expect(Metadata.nanoseconds(.nanoseconds(-1)) == -1)
-        #expect(Metadata.nanoseconds(.zero - .milliseconds(1_500)) == -1_500_000_000)
+    @Test func instantsAndDurationsAreKeptInWholeNanosecondsRoundedDown() {
+        #expect(WholeNanoseconds.nanoseconds(nil) == .min && WholeNanoseconds(nil).duration == nil)
+        #expect(WholeNanoseconds.nanoseconds(.seconds(3) + .nanoseconds(7)) == 3_000_000_007)
+        #expect(WholeNanoseconds.nanoseconds(.nanoseconds(-1)) == -1)
+        #expect(WholeNanoseconds.nanoseconds(.zero - .milliseconds(1_500)) == -1_500_000_000)
         // A fraction of a nanosecond rounds down, below zero too: the instant is never later.
-        #expect(Metadata.nanoseconds(.nanoseconds(5) + .init(secondsComponent: 0, attosecondsComponent: 1)) == 5)
-        #expect(Metadata.nanoseconds(.zero - .init(secondsComponent: 0, attosecondsComponent: 1)) == -1)
+        #expect(
+            WholeNanoseconds.nanoseconds(.nanoseconds(5) + .init(secondsComponent: 0, attosecondsComponent: 1)) == 5)
+        #expect(WholeNanoseconds.nanoseconds(.zero - .init(secondsComponent: 0, attosecondsComponent: 1)) == -1)
         // Past Int64's range: clamped, never the sentinel.
-        #expect(Metadata.nanoseconds(.seconds(Int64.max)) == .max)
-        #expect(Metadata.nanoseconds(.zero - .seconds(Int64.max)) == .min + 1)
-        #expect(Metadata.instant(3_000_000_007) == .seconds(3) + .nanoseconds(7))
+        #expect(WholeNanoseconds.nanoseconds(.seconds(Int64.max)) == .max)
+        #expect(WholeNanoseconds.nanoseconds(.zero - .seconds(Int64.max)) == .min + 1)
+        #expect(WholeNanoseconds(.seconds(3) + .nanoseconds(7)).duration == .seconds(3) + .nanoseconds(7))
     }
 }

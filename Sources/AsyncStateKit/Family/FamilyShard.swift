@@ -35,8 +35,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// What a compact entry keeps besides its value and freshness (read off the hit path): the rest
     /// of its ``StateData``, which is at rest (so its failure fields are empty, and whether its value
     /// is empty is what its phase says). Its optionals are kept as values with a sentinel for "none":
-    /// as optionals, each would take a byte more, and with alignment eight. Its two instants are whole
-    /// nanoseconds (8 bytes each, not a `Duration`'s 16), rounded down: clocks give nanoseconds.
+    /// as optionals, each would take a byte more, and with alignment eight. Its two instants are
+    /// ``WholeNanoseconds`` (8 bytes each).
     @usableFromInline
     struct Metadata {
         @usableFromInline var phase: AsyncPhase
@@ -44,18 +44,18 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         /// ``lastSuccess`` as seconds since the reference date (what a `Date` holds), NaN for none.
         @usableFromInline var lastSuccessSeconds: Double
         @usableFromInline var successCount: Int
-        /// ``restoredUntil`` in nanoseconds, `Int64.min` for none.
-        @usableFromInline var restoredUntilNanoseconds: Int64
-        /// ``receivedAt`` in nanoseconds, `Int64.min` for none.
-        @usableFromInline var receivedNanoseconds: Int64
+        /// ``restoredUntil``, in whole nanoseconds.
+        @usableFromInline var restoredUntilNanoseconds: WholeNanoseconds
+        /// ``receivedAt``, in whole nanoseconds.
+        @usableFromInline var receivedNanoseconds: WholeNanoseconds
 
         @inlinable init(_ data: Data) {
             phase = data.phase
             lastError = data.lastError
             lastSuccessSeconds = data.lastSuccess?.timeIntervalSinceReferenceDate ?? .nan
             successCount = data.successCount
-            restoredUntilNanoseconds = Self.nanoseconds(data.restoredUntil)
-            receivedNanoseconds = Self.nanoseconds(data.receivedAt)
+            restoredUntilNanoseconds = WholeNanoseconds(data.restoredUntil)
+            receivedNanoseconds = WholeNanoseconds(data.receivedAt)
         }
 
         /// The wall date of the entry's last success, if any.
@@ -65,28 +65,10 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         }
 
         /// See ``StateData/restoredUntil``.
-        @inlinable var restoredUntil: Duration? { Self.instant(restoredUntilNanoseconds) }
+        @inlinable var restoredUntil: Duration? { restoredUntilNanoseconds.duration }
 
         /// See ``StateData/receivedAt``.
-        @inlinable var receivedAt: Duration? { Self.instant(receivedNanoseconds) }
-
-        /// `instant` in whole nanoseconds, rounded down and clamped to `Int64`'s range above the
-        /// sentinel; `Int64.min` for `nil`.
-        @inlinable static func nanoseconds(_ instant: Duration?) -> Int64 {
-            guard let instant else { return .min }
-            // Seconds and attoseconds share the duration's sign (both truncated toward zero).
-            let (seconds, attoseconds) = instant.components
-            let limit = Int64.max / 1_000_000_000 - 1
-            guard seconds < limit else { return .max }
-            guard seconds > -limit else { return .min + 1 }
-            let (whole, rest) = attoseconds.quotientAndRemainder(dividingBy: 1_000_000_000)
-            return seconds * 1_000_000_000 + whole - (rest < 0 ? 1 : 0)
-        }
-
-        /// The instant `nanoseconds` stands for; `nil` for the sentinel.
-        @inlinable static func instant(_ nanoseconds: Int64) -> Duration? {
-            nanoseconds == .min ? nil : .nanoseconds(nanoseconds)
-        }
+        @inlinable var receivedAt: Duration? { receivedNanoseconds.duration }
     }
 
     /// An entry that left the shard, for the removal callback (called after the lock is released).

@@ -160,7 +160,10 @@ public struct RetryPolicy: Sendable {
     }
 
     /// No retry: one attempt. The default.
-    public static var never: RetryPolicy { RetryPolicy(maxAttempts: 1) }
+    public static var never: RetryPolicy { noRetry }
+
+    /// The one ``never`` every state shares, rather than a box of its own (its storage is immutable).
+    private static let noRetry = RetryPolicy(maxAttempts: 1)
 
     /// TanStack Query's client default: 3 retries (4 attempts), waiting `min(1 s · 2ⁿ, 30 s)`.
     public static var tanStack: RetryPolicy {

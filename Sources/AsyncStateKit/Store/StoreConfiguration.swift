@@ -1,30 +1,46 @@
 /// The policies a state is declared with, normalized: durations clamped to
 /// ``AsyncStateLimits/maximumDuration``, meaningless values switched off.
+///
+/// Every state holds one, so its durations are kept as ``WholeNanoseconds`` (8 bytes each, not a
+/// `Duration?`'s 24): rounded down, except that a positive duration keeps at least one nanosecond
+/// (so that it stays on), before the rules of ``init(expiry:failureExpiry:isEmpty:retry:timeout:softTimeout:staleWhileRevalidate:refreshAfter:maxStaleAge:)``
+/// judge them. The members read them back as `Duration`s.
 @usableFromInline
 struct StoreConfiguration<Value: Sendable>: Sendable {
-    /// How long data stays fresh; zero means never fresh.
-    @usableFromInline var expiry: Duration
-    /// How long a failure is answered from the negative cache; zero means never.
-    @usableFromInline var failureExpiry: Duration
-    /// Decides whether a successful value is empty.
-    @usableFromInline var isEmpty: @Sendable (Value) -> Bool
+    @usableFromInline let storedExpiry: WholeNanoseconds
+    @usableFromInline let storedFailureExpiry: WholeNanoseconds
+    @usableFromInline let storedTimeout: WholeNanoseconds
+    @usableFromInline let storedSoftTimeout: WholeNanoseconds
+    @usableFromInline let storedRefreshAfter: WholeNanoseconds
+    @usableFromInline let storedMaxStaleAge: WholeNanoseconds
+    /// Decides whether a successful value is empty; `nil` for never (no closure to keep: a closure
+    /// made in a generic context keeps its type's metadata in an allocation of its own).
+    @usableFromInline let emptinessTest: (@Sendable (Value) -> Bool)?
     /// The retry policy of fetches whose caller gives none.
-    @usableFromInline var retry: RetryPolicy
-    /// The longest an attempt may run; `nil` for no limit.
-    @usableFromInline var timeout: Duration?
-    /// How long readers wait for a flight before a usable value is answered instead, while the
-    /// flight goes on in the background; `nil` for ever.
-    @usableFromInline var softTimeout: Duration?
-    /// Whether `value` serves stale data at once and refreshes it in the background.
-    @usableFromInline var staleWhileRevalidate: Bool
-    /// The age at which a hit on fresh data starts a background refresh; `nil` for never.
-    @usableFromInline var refreshAfter: Duration?
-    /// Fail-safe: how old the last good value may be and still be answered instead of a failure;
-    /// `nil` for never.
-    @usableFromInline var maxStaleAge: Duration?
+    @usableFromInline let retry: RetryPolicy
     /// A value's own lifetime (``AsyncStateExpiring/timeToLive``) when `Value` conforms to
     /// ``AsyncStateExpiring``; `nil` otherwise, so that other values pay nothing.
-    @usableFromInline var timeToLive: (@Sendable (Value) -> Duration?)?
+    @usableFromInline let timeToLive: (@Sendable (Value) -> Duration?)?
+    /// Whether `value` serves stale data at once and refreshes it in the background.
+    @usableFromInline let staleWhileRevalidate: Bool
+
+    /// Whether a successful `value` is empty.
+    @inlinable func isEmpty(_ value: Value) -> Bool { emptinessTest?(value) ?? false }
+
+    /// How long data stays fresh; zero means never fresh.
+    @inlinable var expiry: Duration { storedExpiry.duration ?? .zero }
+    /// How long a failure is answered from the negative cache; zero means never.
+    @inlinable var failureExpiry: Duration { storedFailureExpiry.duration ?? .zero }
+    /// The longest an attempt may run; `nil` for no limit.
+    @inlinable var timeout: Duration? { storedTimeout.duration }
+    /// How long readers wait for a flight before a usable value is answered instead, while the
+    /// flight goes on in the background; `nil` for ever.
+    @inlinable var softTimeout: Duration? { storedSoftTimeout.duration }
+    /// The age at which a hit on fresh data starts a background refresh; `nil` for never.
+    @inlinable var refreshAfter: Duration? { storedRefreshAfter.duration }
+    /// Fail-safe: how old the last good value may be and still be answered instead of a failure;
+    /// `nil` for never.
+    @inlinable var maxStaleAge: Duration? { storedMaxStaleAge.duration }
 
     /// How long data is answered as a hit, without asking the machine: the refresh-ahead age when
     /// there is one (older data goes to the machine, which may start the refresh), else the expiry.
@@ -59,21 +75,33 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
     /// younger than that); a `softTimeout` of zero or less, or not shorter than `timeout`, means none
     /// (the hard timeout ends each attempt first).
     @inlinable init(
-        expiry: Duration, failureExpiry: Duration = .zero, isEmpty: @escaping @Sendable (Value) -> Bool,
+        expiry: Duration, failureExpiry: Duration = .zero, isEmpty: (@Sendable (Value) -> Bool)?,
         retry: RetryPolicy = .never, timeout: Duration? = nil, softTimeout: Duration? = nil,
         staleWhileRevalidate: Bool = false, refreshAfter: Duration? = nil, maxStaleAge: Duration? = nil
     ) {
-        self.expiry = expiry.clampedToLimits
-        self.failureExpiry = failureExpiry.clampedToLimits
-        self.isEmpty = isEmpty
+        // Rounded first, so that the rules below judge what is kept.
+        let expiry = Self.kept(expiry.clampedToLimits)
+        let timeout = timeout.map(Self.kept).flatMap { $0 > .zero ? $0.clampedToLimits : nil }
+        let softTimeout = softTimeout.map(Self.kept)
+            .flatMap { $0 > .zero && $0 < (timeout ?? .seconds(Int64.max)) ? $0 : nil }.map(\.clampedToLimits)
+        let refreshAfter = refreshAfter.map(Self.kept).flatMap { $0 > .zero && $0 < expiry ? $0 : nil }
+        let maxStaleAge = maxStaleAge.map(Self.kept).flatMap { $0 > .zero ? $0.clampedToLimits : nil }
+        storedExpiry = WholeNanoseconds(expiry)
+        storedFailureExpiry = WholeNanoseconds(Self.kept(failureExpiry.clampedToLimits))
+        storedTimeout = WholeNanoseconds(timeout)
+        storedSoftTimeout = WholeNanoseconds(softTimeout)
+        storedRefreshAfter = WholeNanoseconds(refreshAfter)
+        storedMaxStaleAge = WholeNanoseconds(maxStaleAge)
+        emptinessTest = isEmpty
         self.retry = retry
-        self.timeout = timeout.flatMap { $0 > .zero ? $0.clampedToLimits : nil }
-        let hardTimeout = self.timeout
-        self.softTimeout = softTimeout.flatMap { $0 > .zero && $0 < (hardTimeout ?? .seconds(Int64.max)) ? $0 : nil }
-            .map(\.clampedToLimits)
         self.staleWhileRevalidate = staleWhileRevalidate
-        self.refreshAfter = refreshAfter.flatMap { $0 > .zero && $0 < self.expiry ? $0 : nil }
-        self.maxStaleAge = maxStaleAge.flatMap { $0 > .zero ? $0.clampedToLimits : nil }
         timeToLive = Self.ownLifetime
+    }
+
+    /// `duration` as it is kept: whole nanoseconds, rounded down, but at least one if it is positive.
+    @inlinable
+    static func kept(_ duration: Duration) -> Duration {
+        guard duration > .zero else { return WholeNanoseconds(duration).duration ?? .zero }
+        return WholeNanoseconds(max(duration, .nanoseconds(1))).duration ?? .zero
     }
 }
