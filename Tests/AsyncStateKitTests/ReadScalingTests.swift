@@ -16,6 +16,7 @@ import Testing
     struct Counted: StripeReadable {
         struct Reads: StripeLocalStorage {
             var count = 0
+            init(stripe: Int) {}
             var wantsAbsorbing: Bool { count >= 1_000 }
             var mustAbsorb: Bool { count >= 2_000 }
         }
@@ -300,6 +301,7 @@ import Testing
         struct Reads: StripeLocalStorage {
             var count = 0
             var dropped = 0
+            init(stripe: Int) {}
             var wantsAbsorbing: Bool { count >= 8 }
             var mustAbsorb: Bool { count >= 16 }
         }
@@ -359,5 +361,71 @@ import Testing
         }
         #expect(dropped == 0)
         #expect(lock.withLock { $0.reads } == threads * perThread)
+    }
+
+    /// A spread shard's buffers note one hit in ``AccessBuffer/sampleInterval`` only while processors
+    /// contend for the shard: a fold that follows another stripe's within
+    /// ``AccessBuffer/contendedGap``. A fold that follows the same stripe's, or comes later, turns
+    /// sampling off; the sampled hits are drawn at random, not by a stride that would skip the same
+    /// keys of a loop; and a shard with an idle expiry never samples.
+    @Test func aSpreadShardSamplesItsHitsOnlyWhileProcessorsContend() {
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: 64)
+        let keys = 0..<8
+        for key in keys { family.set(key, for: key) }
+        family.core.shards[0].storage.withUnsafeMutablePointerToHeader { shard in
+            let slots = keys.map { key in
+                FamilyShard.freshValue(
+                    in: UnsafePointer(shard), of: key, hash: key.hashValue, at: .zero, hitWindow: .seconds(3_600)
+                )?.slot ?? -1
+            }
+            #expect(!slots.contains(-1))
+            /// Offers `hits` hits on the keys in turn at `instant`, and returns the slots noted.
+            func offer(_ hits: Int, to buffer: inout AccessBuffer, at instant: Duration, lossless: Bool = false)
+                -> [Int32]
+            {
+                let before = buffer.count
+                for hit in 0..<hits {
+                    buffer.append(
+                        slots[hit % keys.count], hash: (hit % keys.count).hashValue, at: instant, lossless: lossless
+                    )
+                }
+                var copy = buffer
+                var noted: [Int32] = []
+                copy.drain { noted.append($0.slot) }
+                return Array(noted.dropFirst(before))
+            }
+            var (first, second) = (AccessBuffer(stripe: 0), AccessBuffer(stripe: 1))
+            let start = Duration.seconds(1)
+            // The first fold: nothing to compare with.
+            #expect(offer(4, to: &first, at: start).count == 4)
+            FamilyShard.absorb(&first, into: shard)
+            #expect(!first.isSampling && first.count == 0)
+            // Another stripe's fold 10 µs later, then the first's again: contention, both sample.
+            #expect(offer(4, to: &second, at: start + .microseconds(10)).count == 4)
+            FamilyShard.absorb(&second, into: shard)
+            #expect(second.isSampling)
+            _ = offer(4, to: &first, at: start + .microseconds(20))
+            FamilyShard.absorb(&first, into: shard)
+            #expect(first.isSampling)
+            // A sampling buffer notes about one hit in eight, of many keys of the loop (the draws
+            // are seeded: the same hits every run).
+            let noted = offer(256, to: &second, at: start + .microseconds(30))
+            #expect((16...48).contains(noted.count), "\(noted.count) of 256 noted")
+            #expect(Set(noted).count >= 4, "a stride of eight would note one key of the eight")
+            // With an idle expiry it notes every hit, sampling or not.
+            FamilyShard.absorb(&second, into: shard)
+            #expect(second.isSampling)
+            #expect(offer(40, to: &second, at: start + .microseconds(40), lossless: true).count == 40)
+            // The same stripe's fold after its own: sampling stops.
+            FamilyShard.absorb(&second, into: shard)
+            #expect(!second.isSampling)
+            // Another stripe's fold, but a second after the last: no contention, no sampling.
+            // (Sixty-four offered while it still samples, to fold some in.)
+            _ = offer(64, to: &first, at: start + .seconds(1))
+            #expect(first.count > 0)
+            FamilyShard.absorb(&first, into: shard)
+            #expect(!first.isSampling)
+            #expect(offer(4, to: &first, at: start + .seconds(1)).count == 4)
+        }
     }
 }

@@ -2,9 +2,10 @@
 // same process: on the real traces in ../shared/cache-traces and on synthetic traces generated here
 // with a fixed seed. Every request goes through the public API, `value(for:)` on a family with a long
 // expiry (a miss is an operation call). Run:
-//   swift run --package-path Benchmarks -c release HitRatio [requests] [part of a trace's name] [--seeds N]
+//   swift run --package-path Benchmarks -c release HitRatio [requests] [part of a trace's name] [--seeds N] [--tasks N]
 // for example `HitRatio web07` or `HitRatio 10000000 scans` (the default: 2,000,000 synthetic
-// requests, every trace, 3 seeds).
+// requests, every trace, 3 seeds, one task). `--tasks 2` replays each trace from two concurrent tasks:
+// what the policy loses when contended shards note their hits in per-processor buffers.
 //
 // Deterministic from run to run: the tool runs itself with SWIFT_DETERMINISTIC_HASHING=1, so keys hash
 // alike in every run, and each family figure is the average over `--seeds` renamings of the keys
@@ -241,16 +242,29 @@ final class Loads: Sendable {
 
 /// The hit ratio (%) of a family of `capacity` entries on `requested`, averaged over `seeds` renamings
 /// of the keys, each request a `value(for:)` call.
-func familyHitRatio(_ requested: [Int], capacity: Int, seeds: Int) async -> Double {
+///
+/// With `tasks` over 1, that many tasks replay it at once, task `t` the requests whose index is `t`
+/// modulo `tasks`, in order: contended shards spread, as on a server's cores, and their hits are noted
+/// as a spread shard notes them. Not deterministic: the tasks' interleaving varies from run to run.
+func familyHitRatio(_ requested: [Int], capacity: Int, seeds: Int, tasks: Int = 1) async -> Double {
     var total = 0.0
     for seed in 0..<seeds {
         let family = AsyncStateFamily<Int, Int>(expiry: .seconds(1_000_000_000), capacity: capacity)
         let loads = Loads()
         let salt = seed << 40
-        for key in requested {
-            _ = try? await family.value(for: key ^ salt, using: loads) { key, loads in
-                loads.count.add(1, ordering: .relaxed)
-                return key
+        @Sendable func replay(_ task: Int) async {
+            for index in stride(from: task, to: requested.count, by: tasks) {
+                _ = try? await family.value(for: requested[index] ^ salt, using: loads) { key, loads in
+                    loads.count.add(1, ordering: .relaxed)
+                    return key
+                }
+            }
+        }
+        if tasks == 1 {
+            await replay(0)
+        } else {
+            await withTaskGroup(of: Void.self) { group in
+                for task in 0..<tasks { group.addTask { await replay(task) } }
             }
         }
         let misses = loads.count.load(ordering: .relaxed)
@@ -270,6 +284,15 @@ if let flag = arguments.firstIndex(of: "--seeds") {
     seeds = count
     arguments.removeSubrange(flag...flag + 1)
 }
+var tasks = 1
+if let flag = arguments.firstIndex(of: "--tasks") {
+    guard flag + 1 < arguments.count, let count = Int(arguments[flag + 1]), count > 0 else {
+        print("usage: --tasks takes a number of concurrent tasks, more than 0")
+        exit(1)
+    }
+    tasks = count
+    arguments.removeSubrange(flag...flag + 1)
+}
 let requests = arguments.lazy.compactMap { Int($0) }.first ?? 2_000_000
 let only = arguments.first { Int($0) == nil }
 let selectedRealTraces = realTraces.filter { name in only.map(name.contains) ?? true }
@@ -282,7 +305,7 @@ let traces = [
 guard requests > 0, !traces.isEmpty || !selectedRealTraces.isEmpty else {
     print(
         "usage: HitRatio [requests, more than 0] [part of a trace's name: Zipf 0.8, Zipf 0.99, scans, Zipf 1.5,"
-            + " web07, web12, orm-busy] [--seeds N]")
+            + " web07, web12, orm-busy] [--seeds N] [--tasks N]")
     exit(1)
 }
 
@@ -303,7 +326,9 @@ func lruHitRatio(_ requested: [Int], capacity: Int) -> Double {
     return 100 * Double(hits) / Double(requested.count)
 }
 
-print("family: value(for:) on an AsyncStateFamily, the average of \(seeds) hashings of the keys")
+print(
+    "family: value(for:) on an AsyncStateFamily, the average of \(seeds) hashings of the keys"
+        + (tasks > 1 ? ", replayed by \(tasks) concurrent tasks (not deterministic)" : ""))
 if !selectedRealTraces.isEmpty {
     print("real traces (every request counted, capacity = 1 % and 10 % of the unique keys): family vs exact LRU")
     print("trace       capacity   family    LRU      difference")
@@ -311,7 +336,7 @@ if !selectedRealTraces.isEmpty {
         guard let requested = realTrace(name) else { continue }
         let unique = Set(requested).count
         for capacity in [unique / 100, unique / 10] {
-            let ours = await familyHitRatio(requested, capacity: capacity, seeds: seeds)
+            let ours = await familyHitRatio(requested, capacity: capacity, seeds: seeds, tasks: tasks)
             let theirs = lruHitRatio(requested, capacity: capacity)
             print(
                 "\(padded(name, 12))\(padded("\(capacity)", 10)) \(percent(ours))   \(percent(theirs))   "
@@ -326,7 +351,7 @@ print("trace                         capacity   family    LRU      difference   
 for (name, exponent, scans) in traces {
     let (requested, zipf) = trace(exponent: exponent, scans: scans, keys: keys, requests: requests, seed: 42)
     for capacity in [keys / 100, keys / 10] {
-        let ours = await familyHitRatio(requested, capacity: capacity, seeds: seeds)
+        let ours = await familyHitRatio(requested, capacity: capacity, seeds: seeds, tasks: tasks)
         let theirs = lruHitRatio(requested, capacity: capacity)
         var lfu = PerfectLFU(capacity: capacity)
         var lfuHits = 0

@@ -6,13 +6,23 @@
 /// time: it writes its hit here, on memory no other processor writes. Once the buffer is half full,
 /// the reader that holds it folds it into the shard if the shard's mutex is free; if a writer or
 /// another stripe's reader has it, the reader goes on, and once the buffer is full, further hits are
-/// dropped until it is folded in: under contention the policy works from a sample of the hits, as it
-/// does from its own read buffer (see ``TinyLFUPolicy``). A shard with an idle expiry drops none:
-/// a dropped hit would be an access its idle expiry missed, an entry in use removed as idle. The
-/// next reader of a full buffer waits for the mutex and folds it in before it reads (holding the
-/// stripe from then on, so that no other reader fills it meanwhile). Every writer folds every
-/// buffer in first, so no change to the shard and no eviction or idle sweep decides on a shard that
-/// is missing a hit still held here.
+/// dropped until it is folded in. A shard with an idle expiry drops none: a dropped hit would be an
+/// access its idle expiry missed, an entry in use removed as idle. The next reader of a full buffer
+/// waits for the mutex and folds it in before it reads (holding the stripe from then on, so that no
+/// other reader fills it meanwhile). Every writer folds every buffer in first, so no change to the
+/// shard and no eviction or idle sweep decides on a shard that is missing a hit still held here.
+///
+/// **Sampling while processors contend.** Folding hits in writes the policy's memory, which then
+/// moves from processor to processor with every fold: with two processors reading one hot shard,
+/// the policy's share of a hit took a quarter of the throughput (`HitScaling family-1k`). So while
+/// processors contend for the shard, a buffer notes one hit in ``sampleInterval``, drawn at random
+/// (a fixed stride would always skip the same keys of a loop over them), and the policy works from
+/// a sample of the hits, as Caffeine's does once its read buffers overflow. Contention is judged at
+/// each fold: the buffer folded in before this one, with hits, was another stripe's, and its newest
+/// hit was less than ``contendedGap`` before this one's (``FamilyShard/lastAbsorbedStripe``): hits
+/// arriving from several processors faster than a buffer's worth in that time. A fold that follows
+/// the same stripe's, or comes later, turns sampling off again, so a shard read on many processors
+/// at a modest rate notes every hit. A shard with an idle expiry never samples.
 @usableFromInline
 struct AccessBuffer: StripeLocalStorage {
     /// A hit: the entry's slot, its key's hash, and when.
@@ -40,7 +50,8 @@ struct AccessBuffer: StripeLocalStorage {
         Access, Access, Access
     )
 
-    @inlinable init() {
+    @inlinable init(stripe: Int) {
+        self.stripe = Int32(truncatingIfNeeded: stripe)
         let none = Access(slot: 0, hash: 0, at: .zero)
         let sixteen: Sixteen = (
             none, none, none, none, none, none, none, none, none, none, none, none, none, none, none, none
@@ -57,11 +68,43 @@ struct AccessBuffer: StripeLocalStorage {
     /// Whether the buffer is full and its hits may not be dropped.
     @inlinable var mustAbsorb: Bool { isLossless && count >= Self.capacity }
 
-    /// Notes a hit on `slot` at `now`, or drops it if the buffer is full. `lossless` says whether the
-    /// shard may lose none (then a full buffer is folded in before the next hit: ``mustAbsorb``).
+    /// The stripe this buffer belongs to.
+    @usableFromInline let stripe: Int32
+    /// Whether the buffer notes one hit in ``sampleInterval``: set at each fold (see the type's
+    /// documentation).
+    @usableFromInline var isSampling = false
+    /// The state of the random draws that choose which hits a sampling buffer notes (xorshift64:
+    /// any state but 0).
+    @usableFromInline var draws: UInt64 = 0x9E37_79B9_7F4A_7C15
+    /// One hit in this many is noted while sampling (a power of two).
+    @inlinable static var sampleInterval: UInt64 { 8 }
+    /// Folds from different stripes closer than this mean contention (see the type's
+    /// documentation): with half a buffer a fold, hits from several processors at over about
+    /// 640,000 a second.
+    @inlinable static var contendedGap: Duration { .microseconds(50) }
+
+    /// The instant of the newest hit held (the buffer holds some). Mutating only so that the hits
+    /// are read in place, not copied.
+    @inlinable
+    mutating func newestAccess() -> Duration {
+        let newest = count - 1
+        return withUnsafeMutableBytes(of: &entries) { bytes in
+            bytes.baseAddress.unsafelyUnwrapped.assumingMemoryBound(to: Access.self)[newest].at
+        }
+    }
+
+    /// Notes a hit on `slot` at `now`, or drops it if the buffer is full, or if it samples and the
+    /// draw skips it. `lossless` says whether the shard may lose none (then a full buffer is folded in
+    /// before the next hit: ``mustAbsorb``, and it never samples).
     @inlinable @inline(__always)
     mutating func append(_ slot: Int32, hash: Int, at now: Duration, lossless: Bool) {
         isLossless = lossless
+        if isSampling && !lossless {
+            draws ^= draws << 13
+            draws ^= draws >> 7
+            draws ^= draws << 17
+            guard draws & (Self.sampleInterval - 1) == 0 else { return }
+        }
         guard count < Self.capacity else { return }
         withUnsafeMutableBytes(of: &entries) { bytes in
             bytes.baseAddress.unsafelyUnwrapped.assumingMemoryBound(to: Access.self)[count] =
@@ -89,9 +132,17 @@ extension FamilyShard: StripeReadable {
     /// answered under the shard's lock are (``noteHit(_:hash:at:in:)``): in the policy and the last
     /// accesses, which readers never read (a hit's look-up reads the table, the entries' cells and
     /// the compact entries' metadata), so this may run while readers hold the shard's other stripes.
+    /// The buffer samples from now on if the fold shows processors contending for the shard
+    /// (``AccessBuffer/isSampling``).
     @inlinable
     static func absorb(_ local: inout AccessBuffer, into shard: UnsafeMutablePointer<Self>) {
         guard local.count > 0 else { return }
+        let (previous, newest) = (shard.pointee.lastAbsorbedStripe, local.newestAccess())
+        local.isSampling =
+            previous >= 0 && previous != local.stripe
+            && newest - shard.pointee.lastAbsorbedAt < AccessBuffer.contendedGap
+        shard.pointee.lastAbsorbedStripe = local.stripe
+        shard.pointee.lastAbsorbedAt = newest
         local.drain { access in noteHit(access.slot, hash: access.hash, at: access.at, in: shard) }
     }
 }

@@ -87,6 +87,12 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     @usableFromInline var table = Table()
     /// The eviction policy.
     @usableFromInline var policy: TinyLFUPolicy
+    /// The stripe whose ``AccessBuffer`` was last folded in with hits in it, once the shard's lock
+    /// has spread (-1 before), and its newest hit's instant: how the buffers tell whether processors
+    /// contend for the shard (see ``AccessBuffer/isSampling``). Only ``absorb(_:into:)`` reads and
+    /// writes them.
+    @usableFromInline var lastAbsorbedStripe: Int32 = -1
+    @usableFromInline var lastAbsorbedAt: Duration = .zero
     /// Each entry's last access, by slot, when `tracksIdle` (empty otherwise: nothing reads it).
     @usableFromInline var lastAccess: [Duration] = []
     /// The entries by a lower bound of their last access, when `tracksIdle`.

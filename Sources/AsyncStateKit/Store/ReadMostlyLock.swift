@@ -29,7 +29,8 @@ protocol StripeReadable {
 /// What a stripe of a ``ReadMostlyLock`` keeps for its readers.
 @usableFromInline
 protocol StripeLocalStorage {
-    init()
+    /// The storage of stripe `stripe` (0 to the stripe count less one), empty.
+    init(stripe: Int)
     /// Whether the reader that holds the stripe should fold it into the value now if the mutex is
     /// free (a buffer filling up); if it is taken, the reader goes on.
     var wantsAbsorbing: Bool { get }
@@ -41,7 +42,7 @@ protocol StripeLocalStorage {
 /// A stripe that keeps nothing for its readers.
 @usableFromInline
 struct NoStripeLocal: StripeLocalStorage {
-    @inlinable init() {}
+    @inlinable init(stripe: Int) {}
     @inlinable var wantsAbsorbing: Bool { false }
     @inlinable var mustAbsorb: Bool { false }
 }
@@ -364,7 +365,7 @@ struct Stripes<Local: StripeLocalStorage> {
         let stripes = Stripes(base)
         for index in 0..<count {
             MutexWords.initialize(stripes.mutex(index))
-            stripes.local(index).initialize(to: Local())
+            stripes.local(index).initialize(to: Local(stripe: index))
         }
         return stripes
     }
