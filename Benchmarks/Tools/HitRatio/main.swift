@@ -275,24 +275,18 @@ func familyHitRatio(_ requested: [Int], capacity: Int, seeds: Int, tasks: Int = 
 
 let keys = 1_000_000
 var arguments = Array(CommandLine.arguments.dropFirst())
-var seeds = 3
-if let flag = arguments.firstIndex(of: "--seeds") {
-    guard flag + 1 < arguments.count, let count = Int(arguments[flag + 1]), count > 0 else {
-        print("usage: --seeds takes a number of seeds, more than 0")
+/// The positive count that follows `flag` in `arguments` (both taken out), or `fallback` without it.
+func count(after flag: String, in arguments: inout [String], of what: String, or fallback: Int) -> Int {
+    guard let index = arguments.firstIndex(of: flag) else { return fallback }
+    guard index + 1 < arguments.count, let count = Int(arguments[index + 1]), count > 0 else {
+        print("usage: \(flag) takes a number of \(what), more than 0")
         exit(1)
     }
-    seeds = count
-    arguments.removeSubrange(flag...flag + 1)
+    arguments.removeSubrange(index...index + 1)
+    return count
 }
-var tasks = 1
-if let flag = arguments.firstIndex(of: "--tasks") {
-    guard flag + 1 < arguments.count, let count = Int(arguments[flag + 1]), count > 0 else {
-        print("usage: --tasks takes a number of concurrent tasks, more than 0")
-        exit(1)
-    }
-    tasks = count
-    arguments.removeSubrange(flag...flag + 1)
-}
+let seeds = count(after: "--seeds", in: &arguments, of: "seeds", or: 3)
+let tasks = count(after: "--tasks", in: &arguments, of: "concurrent tasks", or: 1)
 let requests = arguments.lazy.compactMap { Int($0) }.first ?? 2_000_000
 let only = arguments.first { Int($0) == nil }
 let selectedRealTraces = realTraces.filter { name in only.map(name.contains) ?? true }
