@@ -5,6 +5,10 @@
 /// failure expiry, timeout, `run(every:)` interval, backoff delays and caps, retry budgets — is clamped
 /// to `0...maximumDuration` before it is used, and every sum of an instant and a duration saturates.
 /// A hundred years is longer than any process lives, so the clamp changes no real schedule.
+///
+/// A state's and a family's expiry, failure expiry, timeout, soft timeout, refresh-ahead age and
+/// `maxStaleAge` are kept in whole nanoseconds (what clocks read): a fraction of a nanosecond is
+/// dropped, and a positive duration shorter than one nanosecond counts as one.
 public enum AsyncStateLimits {
     /// The longest duration a state uses: 100 years (3,155,760,000 seconds). Longer durations given
     /// to a state or a ``RetryPolicy`` are treated as this.
