@@ -48,7 +48,7 @@ import Testing
     }
 
     @Test func theMaximumWeightIsTheFamilysNotAShareOfEachShard() async throws {
-        // The README's example: 100,000 entries (16 shards) and 64 MiB. An 8 MiB value is cached.
+        // The example in the article "Many keys": 100,000 entries (16 shards) and 64 MiB. An 8 MiB value is cached.
         let pages = AsyncStateFamily<Int, Int>(
             capacity: 100_000, maximumWeight: 64 << 20, weigher: { _, size in size }, clock: VirtualClock())
         pages.set(8 << 20, for: 1)

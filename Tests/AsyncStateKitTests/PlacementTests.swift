@@ -1,4 +1,4 @@
-// Exercises the README's "Where the wrapper can live" types (Readme/Placement.swift).
+// Exercises the "Put it where it fits" types of the article "Getting started" (DocumentationExamples/Placement.swift).
 import AsyncStateKit
 import AsyncStateTesting
 import Testing
