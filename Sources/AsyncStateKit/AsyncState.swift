@@ -174,7 +174,7 @@ public struct AsyncState<Value: Sendable>: Sendable {
         self.init(
             wrappedValue, expiry, clock, retry, timeout, softTimeout, failureExpiry, staleWhileRevalidate, refreshAfter,
             maxStaleAge,
-            name: name, observer: observer, isEmpty: isEmpty ?? { $0.isEmpty })
+            name: name, observer: observer, isEmpty: Self.emptinessTest(isEmpty, else: { $0.isEmpty }))
     }
 
     /// Creates a state holding an optional; `nil` is ``AsyncPhase/empty``.
@@ -199,7 +199,17 @@ public struct AsyncState<Value: Sendable>: Sendable {
         self.init(
             wrappedValue, expiry, clock, retry, timeout, softTimeout, failureExpiry, staleWhileRevalidate, refreshAfter,
             maxStaleAge,
-            name: name, observer: observer, isEmpty: isEmpty ?? { $0 == nil })
+            name: name, observer: observer, isEmpty: Self.emptinessTest(isEmpty, else: { $0 == nil }))
+    }
+
+    /// `given`, or else `fallback`: the emptiness test of a collection's or an optional's state.
+    /// Not `given ?? fallback`: through the generic `??`, each closure would be wrapped in a thunk of
+    /// its own, an allocation more for every state.
+    private static func emptinessTest(
+        _ given: (@Sendable (Value) -> Bool)?, else fallback: @escaping @Sendable (Value) -> Bool
+    ) -> (@Sendable (Value) -> Bool)? {
+        if let given { return given }
+        return fallback
     }
 
     /// What the three public initializers share; they differ only in the default emptiness test.

@@ -1,6 +1,7 @@
 // Resident memory per idle state, and per idle entry of a family, measured in a fresh process (the
 // benchmark process reuses pages freed by earlier benchmarks, which hides growth). Run:
 //   swift run --package-path Benchmarks -c release MemoryPerState [count]           # AsyncState<Int>
+//   swift run --package-path Benchmarks -c release MemoryPerState collection [count]  # AsyncState<[Int]>, empty
 //   swift run --package-path Benchmarks -c release MemoryPerState family [count]    # family entries
 //   swift run --package-path Benchmarks -c release MemoryPerState evicting [count]  # the same, after twice as many keys (evicting)
 //   swift run --package-path Benchmarks -c release MemoryPerState empty [capacity]   # empty families
@@ -15,17 +16,27 @@ func residentBytes() -> Int {
     return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
 }
 
-nonisolated func measureStates(count: Int) async -> Int {
+/// Resident bytes per idle `AsyncState<Int>`, or with `collection` per idle `AsyncState<[Int]>`
+/// holding an empty array (a collection's state tests its values for emptiness).
+nonisolated func measureStates(count: Int, collection: Bool = false) async -> Int {
     var states: [AsyncState<Int>] = []
-    states.reserveCapacity(count)  // the array's own growth is not the states' cost
+    var collections: [AsyncState<[Int]>] = []
+    states.reserveCapacity(collection ? 0 : count)  // the array's own growth is not the states' cost
+    collections.reserveCapacity(collection ? count : 0)
     let before = residentBytes()
     for index in 0..<count {
-        let state = AsyncState<Int>(wrappedValue: index)
-        await state.set(index)  // fetched once, then idle
-        states.append(state)
+        if collection {
+            let state = AsyncState<[Int]>(wrappedValue: [])
+            await state.set([])  // fetched once, then idle
+            collections.append(state)
+        } else {
+            let state = AsyncState<Int>(wrappedValue: index)
+            await state.set(index)  // fetched once, then idle
+            states.append(state)
+        }
     }
     let perState = (residentBytes() - before) / count
-    withExtendedLifetime(states) {}
+    withExtendedLifetime((states, collections)) {}
     return perState
 }
 
@@ -70,6 +81,11 @@ if arguments.first == "empty" {
         "\(measureFamily(count: count, evicting: evicting, tagged: tagged)) resident bytes per idle"
             + " AsyncStateFamily<Int, Int> entry (\(count) entries\(evicting ? ", after \(2 * count) keys" : "")"
             + "\(tagged ? ", one tag each" : ""))")
+} else if arguments.first == "collection" {
+    let count = arguments.dropFirst().first.flatMap(Int.init) ?? 100_000
+    print(
+        "\(await measureStates(count: count, collection: true)) resident bytes per idle AsyncState<[Int]>"
+            + " (\(count) states)")
 } else {
     let count = arguments.first.flatMap(Int.init) ?? 100_000
     print("\(await measureStates(count: count)) resident bytes per idle AsyncState<Int> (\(count) states)")
