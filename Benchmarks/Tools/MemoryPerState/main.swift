@@ -16,27 +16,20 @@ func residentBytes() -> Int {
     return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
 }
 
-/// Resident bytes per idle `AsyncState<Int>`, or with `collection` per idle `AsyncState<[Int]>`
-/// holding an empty array (a collection's state tests its values for emptiness).
-nonisolated func measureStates(count: Int, collection: Bool = false) async -> Int {
-    var states: [AsyncState<Int>] = []
-    var collections: [AsyncState<[Int]>] = []
-    states.reserveCapacity(collection ? 0 : count)  // the array's own growth is not the states' cost
-    collections.reserveCapacity(collection ? count : 0)
+/// Resident bytes per idle state of `count` made by `make` (from their index), each set once to the
+/// value it holds. The caller's closure picks the initializer: a collection's, say, whose state
+/// tests its values for emptiness.
+nonisolated func measureStates<Value: Sendable>(count: Int, _ make: (Int) -> AsyncState<Value>) async -> Int {
+    var states: [AsyncState<Value>] = []
+    states.reserveCapacity(count)  // the array's own growth is not the states' cost
     let before = residentBytes()
     for index in 0..<count {
-        if collection {
-            let state = AsyncState<[Int]>(wrappedValue: [])
-            await state.set([])  // fetched once, then idle
-            collections.append(state)
-        } else {
-            let state = AsyncState<Int>(wrappedValue: index)
-            await state.set(index)  // fetched once, then idle
-            states.append(state)
-        }
+        let state = make(index)
+        await state.set(state.wrappedValue)  // fetched once, then idle
+        states.append(state)
     }
     let perState = (residentBytes() - before) / count
-    withExtendedLifetime((states, collections)) {}
+    withExtendedLifetime(states) {}
     return perState
 }
 
@@ -83,10 +76,10 @@ if arguments.first == "empty" {
             + "\(tagged ? ", one tag each" : ""))")
 } else if arguments.first == "collection" {
     let count = arguments.dropFirst().first.flatMap(Int.init) ?? 100_000
-    print(
-        "\(await measureStates(count: count, collection: true)) resident bytes per idle AsyncState<[Int]>"
-            + " (\(count) states)")
+    let perState = await measureStates(count: count) { _ in AsyncState<[Int]>(wrappedValue: []) }
+    print("\(perState) resident bytes per idle AsyncState<[Int]> (\(count) states)")
 } else {
     let count = arguments.first.flatMap(Int.init) ?? 100_000
-    print("\(await measureStates(count: count)) resident bytes per idle AsyncState<Int> (\(count) states)")
+    let perState = await measureStates(count: count) { AsyncState<Int>(wrappedValue: $0) }
+    print("\(perState) resident bytes per idle AsyncState<Int> (\(count) states)")
 }
