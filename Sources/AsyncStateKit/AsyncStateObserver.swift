@@ -31,9 +31,83 @@
 /// would never land), ``AsyncState/refresh(retry:_:)`` replacing it (reported before the new fetch's
 /// start), ``AsyncState/reset()``, ``AsyncState/cancel()``, or its last caller leaving. So a gauge of
 /// fetches in flight built from these events never drifts.
+///
+/// ## Traces
+///
+/// A tracer needs to know in whose request an event happened, but events other than hits are
+/// delivered from a queue, perhaps by another thread. So a state asks its observer for
+/// ``callerContext()`` in the task of each caller that is about to cause events other than a hit
+/// (a miss, a join, a fetch it starts, data served stale, an invalidation), and those events carry
+/// what it returned (``AsyncStateEvent/callerContext``): a tracing adapter returns the task's
+/// `ServiceContext`. A hit is delivered in its caller's task, so an adapter reads the context there
+/// itself; no hit asks for it. Events about a fetch carry the fetch (``AsyncStateEvent/fetch``: one
+/// object per run of an operation, where an adapter keeps its span), and those about a waiting caller
+/// carry its ``AsyncStateEvent/waiter``: every caller that waits for a fetch — the one that started
+/// it, or one that ``AsyncStateEvent/Kind/joined`` it — is answered by exactly one
+/// ``AsyncStateEvent/Kind/waitEnded(error:)``. A batch (``AsyncStateFamily/values(for:retry:_:)``,
+/// ``AsyncStateFamily/value(for:batchWindow:maxBatchSize:retry:_:)``) is reported as
+/// ``AsyncStateEvent/Kind/batchStarted(_:)`` and ``AsyncStateEvent/Kind/batchEnded(error:)`` besides
+/// its keys' own fetches. The article <doc:ObservingAService> shows the span tree that the example
+/// service's tracing adapter builds from them.
 public protocol AsyncStateObserver: Sendable {
     /// Called once per event.
     func observe(_ event: AsyncStateEvent)
+
+    /// What the events a caller causes should carry (``AsyncStateEvent/callerContext``), read in
+    /// that caller's task: a tracing adapter returns `ServiceContext.current`. Called once per call
+    /// that causes events other than a hit, before the state takes its lock; never for a hit. The
+    /// default returns `nil`.
+    func callerContext() -> (any Sendable)?
+}
+
+extension AsyncStateObserver {
+    /// Returns `nil`: events carry no caller context.
+    public func callerContext() -> (any Sendable)? { nil }
+}
+
+/// One run of a fetch's operation (or of a batch's), as events report it (``AsyncStateEvent/fetch``):
+/// the object is the same in every event about that run, from its
+/// ``AsyncStateEvent/Kind/started(_:)`` to its outcome, so an observer can keep what it needs with it
+/// (``annotation``: a tracer's span) instead of in a table of its own. Made only for a state with an
+/// observer.
+public final class AsyncStateFetch: Sendable, Hashable, CustomStringConvertible {
+    /// A number no other fetch of this process has.
+    public let id: UInt64
+    /// Why it started.
+    public let reason: AsyncStateEvent.Reason
+    /// What the observer's ``AsyncStateObserver/callerContext()`` returned in the task of the caller
+    /// that started it (`nil` for a fetch no caller started: a retry after a backoff is the same
+    /// fetch; a batch's is the context of the caller that opened it).
+    public let callerContext: (any Sendable)?
+    private let storage = LockedValue<(any Sendable)?>(nil)
+
+    private static let lastID = LockedValue<UInt64>(0)
+
+    @usableFromInline
+    init(reason: AsyncStateEvent.Reason, callerContext: (any Sendable)?) {
+        id = Self.lastID.withLock {
+            $0 &+= 1
+            return $0
+        }
+        self.reason = reason
+        self.callerContext = callerContext
+    }
+
+    /// What the observer keeps with this fetch (`nil` until it sets it): read and written under a
+    /// lock, so observers on several threads may share it.
+    public var annotation: (any Sendable)? {
+        get { storage.withLock { $0 } }
+        set { storage.withLock { $0 = newValue } }
+    }
+
+    /// `fetch #id (reason)`.
+    public var description: String { "fetch #\(id) (\(reason))" }
+
+    /// Whether both are the same fetch.
+    public static func == (lhs: AsyncStateFetch, rhs: AsyncStateFetch) -> Bool { lhs === rhs }
+
+    /// Hashes the fetch's identity.
+    public func hash(into hasher: inout Hasher) { hasher.combine(ObjectIdentifier(self)) }
 }
 
 /// One thing a state did.
@@ -44,12 +118,54 @@ public struct AsyncStateEvent: Sendable {
     public var key: String?
     /// What happened.
     public var kind: Kind
+    /// The fetch this event is about: set for ``Kind/started(_:)``, ``Kind/joined``,
+    /// ``Kind/attemptFailed(error:attempt:retryIn:)``, the outcomes, ``Kind/notModified``,
+    /// ``Kind/softTimeout``, ``Kind/waitEnded(error:)``, a ``Kind/failSafe(error:)`` that answers a
+    /// waiter, and a batch's events (the batch's own); `nil` for the others, and without an observer.
+    public var fetch: AsyncStateFetch?
+    /// The waiting caller this event is about: set for ``Kind/joined``, for a
+    /// ``Kind/started(_:)`` whose caller waits for the fetch it started, and for
+    /// ``Kind/waitEnded(error:)``, which ends each of them.
+    public var waiter: Waiter?
+    /// What ``AsyncStateObserver/callerContext()`` returned in the task of the caller that caused
+    /// this event; `nil` for events no caller caused (a fetch's attempts and outcomes, timers) and for
+    /// hits, which are delivered in their caller's task.
+    public var callerContext: (any Sendable)?
+    /// For ``Kind/invalidated`` and ``Kind/invalidatedTag(_:entries:)`` caused through an
+    /// ``AsyncStateInvalidator``: the message, received from another replica or published by this one
+    /// (its ``AsyncStateInvalidation/metadata`` carries the sender's trace context); `nil` for a
+    /// direct ``AsyncState/invalidate()``.
+    public var invalidation: AsyncStateInvalidation?
 
     /// Creates an event.
-    public init(name: String, key: String? = nil, kind: Kind) {
+    public init(
+        name: String, key: String? = nil, kind: Kind, fetch: AsyncStateFetch? = nil, waiter: Waiter? = nil,
+        callerContext: (any Sendable)? = nil, invalidation: AsyncStateInvalidation? = nil
+    ) {
         self.name = name
         self.key = key
         self.kind = kind
+        self.fetch = fetch
+        self.waiter = waiter
+        self.callerContext = callerContext
+        self.invalidation = invalidation
+    }
+
+    /// A caller waiting for a fetch: equal in its ``Kind/joined`` (or ``Kind/started(_:)``) and its
+    /// ``Kind/waitEnded(error:)``, distinct from every other caller of the same state waiting at the
+    /// same time.
+    public struct Waiter: Hashable, Sendable, CustomStringConvertible {
+        @usableFromInline let state: ObjectIdentifier
+        /// The caller's number in its state: they grow in the order callers arrive.
+        public let number: UInt64
+
+        @usableFromInline
+        init(state: ObjectIdentifier, number: UInt64) {
+            (self.state, self.number) = (state, number)
+        }
+
+        /// `waiter #number`.
+        public var description: String { "waiter #\(number)" }
     }
 
     /// What happened.
@@ -95,6 +211,18 @@ public struct AsyncStateEvent: Sendable {
         case invalidatedTag(String, entries: Int)
         /// A family's entry left it, or had its value replaced.
         case removed(AsyncStateFamilyRemovalReason)
+        /// A caller stopped waiting for the fetch (``AsyncStateEvent/fetch``) it started or joined
+        /// (``AsyncStateEvent/waiter``): answered with its outcome (`error` is `nil` for a value,
+        /// including a fail-safe or soft-timeout answer), or cancelled (`CancellationError`). Exactly
+        /// one per waiting caller.
+        case waitEnded(error: (any Error)?)
+        /// A batch's operation started (``AsyncStateEvent/fetch`` is the batch's), for the keys of
+        /// these fetches: one per key, each reported as ``started(_:)`` with its key before, and
+        /// ending with its own outcome. Reported with no key.
+        case batchStarted([AsyncStateFetch])
+        /// The batch's operation returned (`error` is `nil`) or threw `error`; its keys' fetches
+        /// report their own outcomes. Reported with no key.
+        case batchEnded(error: (any Error)?)
     }
 
     /// Why a fetch started.
@@ -131,6 +259,48 @@ struct Observation: Sendable {
     func deliver(_ kind: AsyncStateEvent.Kind) {
         observer.observe(AsyncStateEvent(name: name, key: key, kind: kind))
     }
+
+    /// Delivers a recorded event now.
+    @usableFromInline
+    func deliver(_ event: RecordedEvent) {
+        observer.observe(
+            AsyncStateEvent(
+                name: name, key: key, kind: event.kind, fetch: event.fetch, waiter: event.waiter,
+                callerContext: event.callerContext, invalidation: event.invalidation))
+    }
+}
+
+/// An event recorded under a state's lock, to be delivered after it: all of an
+/// ``AsyncStateEvent`` but the state's name and key.
+@usableFromInline
+struct RecordedEvent: Sendable {
+    @usableFromInline var kind: AsyncStateEvent.Kind
+    @usableFromInline var fetch: AsyncStateFetch?
+    @usableFromInline var waiter: AsyncStateEvent.Waiter?
+    @usableFromInline var callerContext: (any Sendable)?
+    @usableFromInline var invalidation: AsyncStateInvalidation?
+
+    @inlinable
+    init(
+        _ kind: AsyncStateEvent.Kind, fetch: AsyncStateFetch?, waiter: AsyncStateEvent.Waiter?,
+        callerContext: (any Sendable)?, invalidation: AsyncStateInvalidation?
+    ) {
+        self.kind = kind
+        self.fetch = fetch
+        self.waiter = waiter
+        self.callerContext = callerContext
+        self.invalidation = invalidation
+    }
+}
+
+/// The invalidation message being applied by the current task (set by ``AsyncStateInvalidator``
+/// around the invalidations a message causes), for the observer's events.
+@usableFromInline
+enum InvalidationCause {
+    @TaskLocal static var message: AsyncStateInvalidation?
+
+    /// ``message``, for inlinable code.
+    @usableFromInline static var current: AsyncStateInvalidation? { message }
 }
 
 /// Delivers a state's events in order, one at a time, never under the state's lock. Events are
@@ -138,8 +308,16 @@ struct Observation: Sendable {
 /// after it is released: whoever finds the queue idle drains it, including what others add meanwhile.
 @usableFromInline
 final class EventQueue: Sendable {
-    private let state = LockedValue<(events: [AsyncStateEvent.Kind], draining: Bool)>(([], false))
+    private let state = LockedValue<(events: [RecordedEvent], draining: Bool)>(([], false))
+    private let fetch = LockedValue<AsyncStateFetch?>(nil)
     @usableFromInline let observation: Observation
+
+    /// The state's fetch in flight, or its last one: set when a fetch starts, under the state's lock
+    /// (this lock is taken inside it).
+    @usableFromInline var currentFetch: AsyncStateFetch? {
+        get { fetch.withLock { $0 } }
+        set { fetch.withLock { $0 = newValue } }
+    }
 
     @usableFromInline
     init(_ observation: Observation) {
@@ -148,21 +326,21 @@ final class EventQueue: Sendable {
 
     /// Adds `events`; called under the state's lock (this lock is taken inside it, never around it).
     @usableFromInline
-    func enqueue(_ events: [AsyncStateEvent.Kind]) {
+    func enqueue(_ events: [RecordedEvent]) {
         state.withLock { $0.events += events }
     }
 
     /// Delivers what is queued, unless another thread is delivering (it delivers these too).
     @usableFromInline
     func drain() {
-        var batch = state.withLock { state -> [AsyncStateEvent.Kind] in
+        var batch = state.withLock { state -> [RecordedEvent] in
             guard !state.draining, !state.events.isEmpty else { return [] }
             state.draining = true
             defer { state.events = [] }
             return state.events
         }
         while !batch.isEmpty {
-            for kind in batch { observation.deliver(kind) }
+            for event in batch { observation.deliver(event) }
             batch = state.withLock { state in
                 defer { state.events = [] }
                 if state.events.isEmpty { state.draining = false }

@@ -4,15 +4,23 @@ import Testing
 
 @testable import AsyncStateKit
 
-/// Checks an observer's promise as events arrive: every `started` is followed by exactly one outcome
-/// (succeeded, failed or cancelled) of that fetch before the next `started` of the same state or key.
+/// Checks an observer's promises as events arrive: every `started` is followed by exactly one outcome
+/// (succeeded, failed or cancelled) of that fetch — the same `fetch` object — before the next
+/// `started` of the same state or key; and every waiting caller (a `joined`, or a `started` with a
+/// waiter) by exactly one `waitEnded`.
 final class FlightLedger: AsyncStateObserver {
-    private let state = LockedValue((inFlight: Set<String>(), problems: [String](), events: 0))
+    private let state = LockedValue(
+        (
+            inFlight: [String: AsyncStateFetch?](), waiting: Set<AsyncStateEvent.Waiter>(), problems: [String](),
+            events: 0
+        ))
 
-    /// What broke the promise, in order.
+    /// What broke a promise, in order.
     var problems: [String] { state.withLock { $0.problems } }
     /// The states (by key; "" for a single state) whose last `started` has no outcome yet.
-    var open: Set<String> { state.withLock { $0.inFlight } }
+    var open: Set<String> { state.withLock { Set($0.inFlight.keys) } }
+    /// The callers that wait, or whose end of waiting was not reported.
+    var waiting: Set<AsyncStateEvent.Waiter> { state.withLock { $0.waiting } }
     /// How many events arrived.
     var count: Int { state.withLock { $0.events } }
 
@@ -22,18 +30,38 @@ final class FlightLedger: AsyncStateObserver {
             state.events += 1
             switch event.kind {
             case .started(let reason):
-                if state.inFlight.contains(key) {
+                if state.inFlight[key] != nil {
                     state.problems.append("\(key): started(\(reason)) before an outcome")
                 }
-                state.inFlight.insert(key)
+                if event.fetch == nil { state.problems.append("\(key): started(\(reason)) without its fetch") }
+                state.inFlight[key] = event.fetch
+                if let waiter = event.waiter { wait(waiter, in: &state.waiting, &state.problems) }
             case .succeeded, .failed, .cancelled:
-                if state.inFlight.remove(key) == nil { state.problems.append("\(key): \(event.kind) without a start") }
-            case .hit, .servedStale, .failSafe, .softTimeout, .notModified, .joined, .attemptFailed, .invalidated,
-                .invalidatedTag,
-                .removed:
+                guard let fetch = state.inFlight.removeValue(forKey: key) else {
+                    state.problems.append("\(key): \(event.kind) without a start")
+                    return
+                }
+                if fetch != event.fetch { state.problems.append("\(key): \(event.kind) of another fetch") }
+            case .joined:
+                if let waiter = event.waiter {
+                    wait(waiter, in: &state.waiting, &state.problems)
+                } else {
+                    state.problems.append("\(key): joined without its waiter")
+                }
+            case .waitEnded:
+                if let waiter = event.waiter, state.waiting.remove(waiter) != nil { return }
+                state.problems.append("\(key): waitEnded of \(event.waiter.map(String.init(describing:)) ?? "nobody")")
+            case .hit, .servedStale, .failSafe, .softTimeout, .notModified, .attemptFailed, .invalidated,
+                .invalidatedTag, .removed, .batchStarted, .batchEnded:
                 break
             }
         }
+    }
+
+    private func wait(
+        _ waiter: AsyncStateEvent.Waiter, in waiting: inout Set<AsyncStateEvent.Waiter>, _ problems: inout [String]
+    ) {
+        if !waiting.insert(waiter).inserted { problems.append("\(waiter) waits twice") }
     }
 }
 
@@ -207,6 +235,10 @@ final class FlightLedger: AsyncStateObserver {
         guard ledger.open.isEmpty else {
             return "seed \(seed) \(isFamily ? "family" : "state") [\(log.joined(separator: " "))]: "
                 + "started without an outcome: \(ledger.open.sorted())"
+        }
+        guard ledger.waiting.isEmpty else {
+            return "seed \(seed) \(isFamily ? "family" : "state") [\(log.joined(separator: " "))]: "
+                + "waited without an end: \(ledger.waiting.map(\.number).sorted())"
         }
         return nil
     }

@@ -3,15 +3,30 @@ import Testing
 
 @testable import AsyncStateKit
 
-/// Records every event as a line (`name key kind`), in the order it arrives.
+/// Records every event as a line (`name key kind`), in the order it arrives; the ends of waits and a
+/// batch's own events only if `waits` (they are checked apart).
 final class EventLog: AsyncStateObserver {
     private let lines = LockedValue<[String]>([])
+    private let waits: Bool
     var all: [String] { lines.withLock { $0 } }
     func clear() { lines.withLock { $0 = [] } }
+
+    init(waits: Bool = false) {
+        self.waits = waits
+    }
 
     func observe(_ event: AsyncStateEvent) {
         let kind: String
         switch event.kind {
+        case .waitEnded(let error):
+            guard waits else { return }
+            kind = "waitEnded(\(error.map { "\(type(of: $0))" } ?? "value"))"
+        case .batchStarted(let fetches):
+            guard waits else { return }
+            kind = "batchStarted(\(fetches.count) keys)"
+        case .batchEnded(let error):
+            guard waits else { return }
+            kind = "batchEnded(\(error.map { "\(type(of: $0))" } ?? "value"))"
         case .hit: kind = "hit"
         case .servedStale: kind = "servedStale"
         case .failSafe(let error): kind = "failSafe(\(type(of: error)))"

@@ -173,10 +173,12 @@ extension AsyncStateFamily {
             for key in keys { results[key] = .failure(CancellationError()) }
             return results
         }
-        let batch = BatchLoad<Key, Value>(operation: operation)
+        let batch = BatchLoad<Key, Value>(
+            operation: operation, observer: core.observer, callerContext: core.observer?.observer.callerContext())
         var waiting: [(Key, AsyncStateStore<Value?>, UInt64)] = []
         var started: [Key] = []
         var attempts: [OperationContext.Entry] = []
+        var fetches: [AsyncStateFetch] = []
         var seen = Set<Key>()
         var pinned: [Key] = []
         defer { for key in pinned { core.unpin(key) } }
@@ -201,13 +203,16 @@ extension AsyncStateFamily {
                 if let attempt {
                     started.append(key)
                     attempts.append(store.mark(attempt))
+                    if let fetch = store.observedFetch { fetches.append(fetch) }
                 }
             } catch {
                 results[key] = .failure(error)
             }
         }
         // Every flight this call started is known: the batch loads exactly their keys.
-        if !started.isEmpty { batch.start(started, attempts: attempts, executor: core.clock.executor) }
+        if !started.isEmpty {
+            batch.start(started, attempts: attempts, fetches: fetches, executor: core.clock.executor)
+        }
         for (key, store, waiter) in waiting {
             do {
                 results[key] = .success(Self.answered(try await store.wait(waiter)))

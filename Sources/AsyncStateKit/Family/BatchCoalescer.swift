@@ -24,6 +24,8 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
         let maxSize: Int
         var keys: [Key] = []
         var attempts: [OperationContext.Entry] = []
+        /// The keys' fetches, for the observer (empty without one).
+        var fetches: [AsyncStateFetch] = []
         /// Closes the batch at the end of its window; `nil` until it is scheduled.
         var timer: Task<Void, Never>?
     }
@@ -41,10 +43,13 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
 
     private let open = LockedValue<Open?>(nil)
     private let clock: StoreClock
+    /// The family's observer, with its name (`nil` without one).
+    private let observer: (name: String, observer: any AsyncStateObserver)?
 
     @usableFromInline
-    init(clock: StoreClock) {
+    init(clock: StoreClock, observer: (name: String, observer: any AsyncStateObserver)?) {
         self.clock = clock
+        self.observer = observer
     }
 
     /// A call for `key` on its pinned `store`: enters the store (as ``AsyncStateStore/enter(_:policy:_:)``
@@ -60,14 +65,20 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
         let ticket = try store.enter(.value, policy: retry, { try await Self.value(for: key, at: seat) })
         // A call that joins a flight, is answered at once or throws adds no key, and opens no batch.
         guard let started = ticket.started else { return ticket }
+        // Read before the lock: the observer's code runs under none. Only a batch this call opens
+        // uses it.
+        let callerContext = observer?.observer.callerContext()
+        let fetch = store.observedFetch
         var opened: Load?
         let (load, full) = open.withLock { open -> (Load, Open?) in
             if open == nil {
-                open = Open(load: Load(operation: operation), maxSize: max(1, maxSize))
+                let load = Load(operation: operation, observer: observer, callerContext: callerContext)
+                open = Open(load: load, maxSize: max(1, maxSize))
                 opened = open!.load
             }
             open!.keys.append(key)
             open!.attempts.append(store.mark(started))
+            if let fetch { open!.fetches.append(fetch) }
             let load = open!.load
             guard open!.keys.count >= open!.maxSize else { return (load, nil) }
             defer { open = nil }
@@ -133,7 +144,7 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
 
     /// Runs a closed batch's operation for its keys (a batch opens with its first key, so it has one).
     private func start(_ batch: Open) {
-        batch.load.start(batch.keys, attempts: batch.attempts, executor: clock.executor)
+        batch.load.start(batch.keys, attempts: batch.attempts, fetches: batch.fetches, executor: clock.executor)
     }
 }
 

@@ -30,19 +30,41 @@ final class BatchLoad<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     private let operation: Operation
     private let state = LockedValue(State())
+    /// The family's observer and the batch's own fetch, which its events report (`nil` without an
+    /// observer).
+    private let observation: (name: String, observer: any AsyncStateObserver, fetch: AsyncStateFetch)?
 
+    /// A batch running `operation`; `observer` (with the family's name) hears of it, as a fetch whose
+    /// caller context is `callerContext` (the observer's, read in the task of the caller that opened
+    /// the batch).
     @usableFromInline
-    init(operation: @escaping Operation) {
+    init(
+        operation: @escaping Operation, observer: (name: String, observer: any AsyncStateObserver)? = nil,
+        callerContext: (any Sendable)? = nil
+    ) {
         self.operation = operation
+        observation = observer.map {
+            ($0.name, $0.observer, AsyncStateFetch(reason: .fetch, callerContext: callerContext))
+        }
+    }
+
+    /// Reports `kind` about this batch to the observer, if there is one.
+    private func report(_ kind: AsyncStateEvent.Kind) {
+        guard let observation else { return }
+        observation.observer.observe(AsyncStateEvent(name: observation.name, kind: kind, fetch: observation.fetch))
     }
 
     /// Starts the batch for `keys` (the keys whose flights this batch call started). `attempts` mark
     /// the batch's task as running those flights' first attempts (see ``OperationContext``): the
     /// operation runs their work, so a call from it into one of its own keys is refused as
     /// reentrant, as it would be from a single key's operation, instead of waiting for itself.
+    /// `fetches`: those flights, for the observer (empty without one).
     @usableFromInline
-    func start(_ keys: [Key], attempts: [OperationContext.Entry], executor: (any TaskExecutor)?) {
+    func start(
+        _ keys: [Key], attempts: [OperationContext.Entry], fetches: [AsyncStateFetch], executor: (any TaskExecutor)?
+    ) {
         let marked = OperationContext.running + attempts
+        report(.batchStarted(fetches))
         let task = Task(executorPreference: executor) { [self, operation] in
             let outcome: Result<[Key: Value], any Error>
             do {
@@ -50,6 +72,7 @@ final class BatchLoad<Key: Hashable & Sendable, Value: Sendable>: Sendable {
             } catch {
                 outcome = .failure(error)
             }
+            report(.batchEnded(error: outcome.error))
             finish(outcome)
         }
         let cancelNow = state.withLock { state -> Bool in

@@ -54,7 +54,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// The family's batch coalescer (see ``BatchCoalescer``).
     @inlinable
     var coalescer: BatchCoalescer<Key, Value> {
-        coalescerReference.load() ?? coalescerReference.storeIfNil(BatchCoalescer(clock: clock))
+        coalescerReference.load() ?? coalescerReference.storeIfNil(BatchCoalescer(clock: clock, observer: observer))
     }
 
     /// The idle sweeper's task: one per family, sleeping until the oldest entry's idle deadline.
@@ -422,7 +422,9 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         }
         if let observer {
             observer.observer.observe(
-                AsyncStateEvent(name: observer.name, key: nil, kind: .invalidatedTag(tag, entries: count)))
+                AsyncStateEvent(
+                    name: observer.name, key: nil, kind: .invalidatedTag(tag, entries: count),
+                    callerContext: observer.observer.callerContext(), invalidation: InvalidationCause.current))
         }
         return count
     }
@@ -432,7 +434,9 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @inlinable func reportInvalidated(_ key: Key) {
         guard let observer else { return }
         observer.observer.observe(
-            AsyncStateEvent(name: observer.name, key: String(describing: key), kind: .invalidated))
+            AsyncStateEvent(
+                name: observer.name, key: String(describing: key), kind: .invalidated,
+                callerContext: observer.observer.callerContext(), invalidation: InvalidationCause.current))
     }
 
     /// Cancels `key`'s fetch in flight, if it has one (only a live entry may).

@@ -20,13 +20,22 @@ public struct AsyncStateInvalidation: Sendable, Hashable, Codable, CustomStringC
     /// ``signedContent`` when the message was sent; `nil` for an unsigned message. An invalidator
     /// with an authenticator drops a message without a valid one.
     public var signature: String?
+    /// What the sender attached for observers, such as its request's trace context (`traceparent`,
+    /// `tracestate`), as ``AsyncStateInvalidator``'s `metadata:` gives it; `nil` for none. The
+    /// receiving replica's observer finds it in ``AsyncStateEvent/invalidation``. Not signed: it
+    /// changes what is reported, never what is invalidated.
+    public var metadata: [String: String]?
 
     /// A message about `topic`, or one `key` of it, or the entries carrying `tag`.
-    public init(topic: String, key: String? = nil, tag: String? = nil, signature: String? = nil) {
+    public init(
+        topic: String, key: String? = nil, tag: String? = nil, signature: String? = nil,
+        metadata: [String: String]? = nil
+    ) {
         self.topic = topic
         self.key = key
         self.tag = tag
         self.signature = signature
+        self.metadata = metadata
     }
 
     /// `topic`, `topic/key`, `topic#tag` or `topic/key#tag`.
@@ -78,7 +87,7 @@ extension AsyncStateInvalidation {
     public static var maximumPayloadBytes: Int { 7_900 }
 
     /// This message as a bus payload: compact JSON (`{"key":"…","signature":"…","topic":"…"}`, the
-    /// key and the signature only if it has them).
+    /// key, the tag, the signature and the metadata only if it has them).
     ///
     /// - Throws: ``PayloadError/tooLong(bytes:)`` when the topic and key are too long to send.
     public func payload() throws(PayloadError) -> String {
@@ -92,7 +101,7 @@ extension AsyncStateInvalidation {
     }
 
     /// Reads a payload that another replica wrote with ``payload()``: a JSON object with a non-empty
-    /// string `topic` and, optionally, a string `key` and a string `signature` (which it reads, not
+    /// string `topic` and, optionally, a string `key`, `tag` and `signature` and a `metadata` object of strings (which it reads, not
     /// checks: ``AsyncStateInvalidator`` does). Fields it does not know are ignored, so that a
     /// replica of a newer release, which may send more, is still understood during a rolling
     /// upgrade. Anything else is refused: a bus that receives a payload it cannot read should log it

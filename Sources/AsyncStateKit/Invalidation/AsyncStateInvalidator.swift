@@ -33,6 +33,7 @@ public final class AsyncStateInvalidator: Sendable {
     /// The bus.
     public let bus: any AsyncStateInvalidationBus
     private let authenticator: (any AsyncStateInvalidationAuthenticator)?
+    private let metadata: (@Sendable () -> [String: String])?
     private let invalidateAllInterval: Duration
     private let clock: StoreClock
     private let subscriptions = LockedValue<[String: [Subscription]]>([:])
@@ -98,12 +99,18 @@ public final class AsyncStateInvalidator: Sendable {
     ///     coalesced into one, applied at the interval's end. Zero or less: no limit. Defaults to one
     ///     second.
     ///   - clock: The clock the interval is measured on. Defaults to `ContinuousClock()`.
+    ///   - metadata: Called in the task of each ``invalidate(_:key:)`` (and tag) to fill the message's
+    ///     ``AsyncStateInvalidation/metadata``: inject the current trace context there, and the
+    ///     observers of every replica's states see which request caused the invalidation. `nil` (the
+    ///     default): messages carry none.
     public init(
         bus: any AsyncStateInvalidationBus, authenticator: (any AsyncStateInvalidationAuthenticator)? = nil,
-        invalidateAllInterval: Duration = .seconds(1), clock: some Clock<Duration> = ContinuousClock()
+        invalidateAllInterval: Duration = .seconds(1), clock: some Clock<Duration> = ContinuousClock(),
+        metadata: (@Sendable () -> [String: String])? = nil
     ) {
         self.bus = bus
         self.authenticator = authenticator
+        self.metadata = metadata
         self.invalidateAllInterval = invalidateAllInterval > .zero ? invalidateAllInterval.clampedToLimits : .zero
         self.clock = StoreClock(clock)
     }
@@ -180,8 +187,11 @@ public final class AsyncStateInvalidator: Sendable {
     ///
     /// - Throws: The bus's error when it could not publish; this replica is invalidated anyway.
     public func invalidate(_ topic: String, key: String? = nil) async throws {
-        invalidate(key.map(Target.key) ?? .all, in: subscribers(of: topic))
-        try await publish(AsyncStateInvalidation(topic: topic, key: key))
+        let message = AsyncStateInvalidation(topic: topic, key: key, metadata: metadata?())
+        InvalidationCause.$message.withValue(message) {
+            invalidate(key.map(Target.key) ?? .all, in: subscribers(of: topic))
+        }
+        try await publish(message)
     }
 
     /// Invalidates the entries carrying `tag` in the families subscribed to `topic` (see
@@ -190,8 +200,9 @@ public final class AsyncStateInvalidator: Sendable {
     ///
     /// - Throws: The bus's error when it could not publish; this replica is invalidated anyway.
     public func invalidate(_ topic: String, tag: String) async throws {
-        invalidate(.tag(tag), in: subscribers(of: topic))
-        try await publish(AsyncStateInvalidation(topic: topic, tag: tag))
+        let message = AsyncStateInvalidation(topic: topic, tag: tag, metadata: metadata?())
+        InvalidationCause.$message.withValue(message) { invalidate(.tag(tag), in: subscribers(of: topic)) }
+        try await publish(message)
     }
 
     /// Signs `message` if the invalidator has an authenticator, and publishes it.
@@ -245,10 +256,13 @@ public final class AsyncStateInvalidator: Sendable {
                 }
             }
             // A key, a tag, or both, each applied as this replica's own invalidation would; neither:
-            // the whole topic.
-            if let key = message.key { invalidate(.key(key), in: subscribers(of: message.topic)) }
-            if let tag = message.tag { invalidate(.tag(tag), in: subscribers(of: message.topic)) }
-            if message.key == nil, message.tag == nil { invalidateWhole([message.topic]) }
+            // the whole topic. The states' observers see the message (a whole topic held back by the
+            // rate limit is applied later without it).
+            InvalidationCause.$message.withValue(message) {
+                if let key = message.key { invalidate(.key(key), in: subscribers(of: message.topic)) }
+                if let tag = message.tag { invalidate(.tag(tag), in: subscribers(of: message.topic)) }
+                if message.key == nil, message.tag == nil { invalidateWhole([message.topic]) }
+            }
         case .reconnected:
             invalidateWhole(subscriptions.withLock { Array($0.keys) })
         }

@@ -75,7 +75,12 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         /// A waiter whose task was cancelled, to resume with ``WaiterOutcome/cancelled``.
         @usableFromInline var cancelledWaiter: UnsafeContinuation<WaiterOutcome, Never>?
         /// Events for the observer, in order (only with an observer).
-        @usableFromInline var events: [AsyncStateEvent.Kind] = []
+        @usableFromInline var events: [RecordedEvent] = []
+        /// What the observer's ``AsyncStateObserver/callerContext()`` returned for the caller whose
+        /// call this is (`nil` for an event no caller brought, and without an observer).
+        @usableFromInline var callerContext: (any Sendable)?
+        /// The invalidation message this call applies (see ``InvalidationCause``).
+        @usableFromInline var invalidation: AsyncStateInvalidation?
         /// The attempt to launch once the lock is released (an event starts at most one).
         @usableFromInline var launch: Machine.Attempt?
 
@@ -165,10 +170,15 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         return core.withLock { core in cell.subscriberCount == 0 ? core.machine.restingData : nil }
     }
 
-    /// Runs an event under the lock, then performs what it left to do.
+    /// Runs an event under the lock, then performs what it left to do. `byCaller`: a caller's call
+    /// brings it, whose events carry the observer's ``AsyncStateObserver/callerContext()`` (asked
+    /// before the lock is taken, only with an observer).
     @inlinable
-    func withCore<Result>(_ event: (inout Core, inout Effects) throws -> Result) rethrows -> Result {
+    func withCore<Result>(byCaller: Bool = false, _ event: (inout Core, inout Effects) throws -> Result) rethrows
+        -> Result
+    {
         var effects = Effects()
+        if byCaller, let observation { effects.callerContext = observation.observer.callerContext() }
         defer {
             // The observer hears of a settle before its waiters resume.
             if !effects.events.isEmpty { events?.drain() }
@@ -181,10 +191,35 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         }
     }
 
-    /// Records an event for the observer, if there is one (under the lock; delivered after it).
+    /// Records an event for the observer, if there is one (under the lock; delivered after it):
+    /// about the state's current fetch if `aboutFetch`, and about `waiter` if any.
     @inlinable
-    func record(_ kind: @autoclosure () -> AsyncStateEvent.Kind, in effects: inout Effects) {
-        if events != nil { effects.events.append(kind()) }
+    func record(
+        _ kind: @autoclosure () -> AsyncStateEvent.Kind, aboutFetch: Bool = false, waiter: Machine.WaiterID? = nil,
+        in effects: inout Effects
+    ) {
+        guard let events else { return }
+        effects.events.append(
+            RecordedEvent(
+                kind(), fetch: aboutFetch ? events.currentFetch : nil,
+                waiter: waiter.map { AsyncStateEvent.Waiter(state: ObjectIdentifier(self), number: $0) },
+                callerContext: effects.callerContext, invalidation: effects.invalidation))
+    }
+
+    /// Records that waiters `ids` stop waiting, answered with `error` (`nil`: a value), in the order
+    /// they arrived: those still waiting, each once (see ``AsyncStateEvent/Kind/waitEnded(error:)``).
+    @inlinable
+    func recordWaitsEnded(
+        _ ids: some Collection<Machine.WaiterID>, error: (any Error)?, in core: Core,
+        _ effects: inout Effects
+    ) {
+        guard events != nil else { return }
+        for id in ids.sorted() {
+            switch core.waiterSlots[id] {
+            case .pending, .waiting: record(.waitEnded(error: error), aboutFetch: true, waiter: id, in: &effects)
+            case .resolved, nil: break
+            }
+        }
     }
 
     // MARK: Hits
@@ -237,7 +272,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     @inlinable @inline(never)
     func enter(_ request: FetchRequest, policy: RetryPolicy? = nil, _ operation: @escaping Operation) throws -> Ticket {
         let attempts = callerAttempts
-        return try withCore { core, effects -> Ticket in
+        return try withCore(byCaller: true) { core, effects -> Ticket in
             let now = clock.now()
             let waiter = core.makeWaiter()
             var started: Machine.AttemptID?
@@ -250,7 +285,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
                 return .value(value, started: nil)
             case .returnValueAndStart(let value, let attempt, let stale):
                 record(stale ? .servedStale : .hit, in: &effects)
-                start(attempt, at: now, in: &core, &effects)
+                start(attempt, waiter: nil, at: now, in: &core, &effects)
                 return .value(value, started: attempt.id)
             case .fail(let error):
                 throw error
@@ -258,11 +293,11 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
                 record(.failSafe(error: error), in: &effects)
                 return .value(value, started: nil)
             case .join:
-                record(.joined, in: &effects)
+                record(.joined, aboutFetch: true, waiter: waiter, in: &effects)
             case .start(let attempt, let replaced):
                 // The flight it replaced ended here: its outcome comes before the new one's start.
                 if let replaced { ended(replaced, in: &effects) }
-                start(attempt, at: now, in: &core, &effects)
+                start(attempt, waiter: waiter, at: now, in: &core, &effects)
                 started = attempt.id
             }
             // Announced under the lock, so that an outcome arriving before the caller suspends is kept.
@@ -282,6 +317,14 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         case wait(Machine.WaiterID, started: Machine.AttemptID?)
     }
 
+    /// The fetch the store started last, for the observer (`nil` without one): read just after a
+    /// call started it, it is that call's (a flight that waits for a batch does not end before the
+    /// batch answers, or is cancelled).
+    @inlinable var observedFetch: AsyncStateFetch? {
+        guard let events else { return nil }
+        return core.withLock { _ in events.currentFetch }
+    }
+
     /// What marks a task as running `attempt` of this store (see ``OperationContext``): a task that
     /// runs an attempt's work elsewhere (a batch) carries it, so that a call back into this store from
     /// that work is refused as reentrant instead of waiting for itself.
@@ -298,7 +341,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     @inlinable func retry(_ operation: Operation?) async throws {
         try Task.checkCancellation()
         let attempts = callerAttempts
-        let waiter = withCore { core, effects -> Machine.WaiterID? in
+        let waiter = withCore(byCaller: true) { core, effects -> Machine.WaiterID? in
             let now = clock.now()
             let waiter = core.makeWaiter()
             guard
@@ -306,7 +349,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
                     waiter: waiter, operation: operation, now: now, callerAttempts: attempts)
             else { return nil }
             effects.cancel(cancel)
-            start(attempt, at: now, in: &core, &effects)
+            start(attempt, waiter: waiter, at: now, in: &core, &effects)
             core.waiterSlots[waiter] = .pending
             return waiter
         }
@@ -314,7 +357,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     @inlinable func invalidate() {
-        withCore { core, effects in
+        withCore(byCaller: true) { core, effects in
+            if events != nil { effects.invalidation = InvalidationCause.current }
             let now = clock.now()
             // Data already expired changes no snapshot, but its freshness must go for every reader
             // (`hasExpired(in:)` with a longer interval): published without notifying subscribers.
@@ -325,7 +369,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     @inlinable func cancel() {
-        withCore { core, effects in
+        withCore(byCaller: true) { core, effects in
             let ended = core.machine.cancel()
             if case .none = ended { return }
             publish(core.machine, at: clock.now())
@@ -334,7 +378,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     @inlinable func set(_ value: Value) {
-        withCore { core, effects in
+        withCore(byCaller: true) { core, effects in
             let now = clock.now()
             let ended = core.machine.set(value, now: now, date: clock.date())
             publish(core.machine, at: now)
@@ -359,7 +403,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     @inlinable func reset() {
-        withCore { core, effects in
+        withCore(byCaller: true) { core, effects in
             let (ended, changed) = core.machine.reset()
             guard changed else { return }
             publish(core.machine, at: clock.now())
@@ -374,6 +418,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     func waiterCancelled(_ waiter: Machine.WaiterID) {
         withCore { core, effects in
             // It stops waiting at once (after the lock), whatever the machine does with its flight.
+            recordWaitsEnded(CollectionOfOne(waiter), error: CancellationError(), in: core, &effects)
             effects.cancelledWaiter = WaiterSlot.take(
                 waiter, settlingWith: WaiterOutcome.cancelled, in: &core.waiterSlots)
             switch core.machine.waiterCancelled(waiter) {
@@ -419,7 +464,9 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             guard case .answer(let ids, let value) = core.machine.softTimeoutPassed(flight, now: clock.now()) else {
                 return
             }
-            if events != nil { for _ in ids { record(.softTimeout, in: &effects) } }
+            if events != nil {
+                for id in ids.sorted() { record(.softTimeout, aboutFetch: true, waiter: id, in: &effects) }
+            }
             resume(ids, with: .success(value), in: &core, &effects)
         }
     }
@@ -443,27 +490,32 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         case .drop:
             break
         case .retry(let flight, let attempt, let at, let error, let attempts, let cancel):
-            record(.attemptFailed(error: error, attempt: attempts, retryIn: at - now), in: &effects)
+            record(.attemptFailed(error: error, attempt: attempts, retryIn: at - now), aboutFetch: true, in: &effects)
             effects.cancel(cancel)
             let timer = schedule(at: at) { store, error in store.backoffEnded(flight, attempt, error: error) }
             core.machine.attach(task: nil, timer: timer)
             publish(core.machine, at: now)
         case .start(let attempt, let cancel):
             effects.cancel(cancel)
-            start(attempt, at: now, in: &core, &effects)
+            start(attempt, waiter: nil, at: now, in: &core, &effects)
         case .settle(let ids, let result, let report, let cancel, let answer):
             effects.cancel(cancel)
             switch result {
             case .success:
-                record(.succeeded(duration: report.duration, attempts: report.attempts), in: &effects)
-                if case .notModified = answer { record(.notModified, in: &effects) }
+                record(
+                    .succeeded(duration: report.duration, attempts: report.attempts), aboutFetch: true, in: &effects)
+                if case .notModified = answer { record(.notModified, aboutFetch: true, in: &effects) }
             case .failure(is CancellationError):
-                record(.cancelled, in: &effects)
+                record(.cancelled, aboutFetch: true, in: &effects)
             case .failure(let error):
-                record(.failed(error: error, duration: report.duration, attempts: report.attempts), in: &effects)
+                record(
+                    .failed(error: error, duration: report.duration, attempts: report.attempts), aboutFetch: true,
+                    in: &effects)
                 // Each waiter answered by fail-safe is reported, as each caller that joins is.
                 if case .failSafe = answer, events != nil {
-                    for _ in ids { record(.failSafe(error: error), in: &effects) }
+                    for id in ids.sorted() {
+                        record(.failSafe(error: error), aboutFetch: true, waiter: id, in: &effects)
+                    }
                 }
             }
             publish(core.machine, at: now)
@@ -492,7 +544,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// one outcome after its `started`.
     @inlinable
     func ended(_ handles: Machine.Handles, in effects: inout Effects) {
-        record(.cancelled, in: &effects)
+        record(.cancelled, aboutFetch: true, in: &effects)
         effects.cancel(handles)
     }
 
@@ -505,6 +557,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         _ effects: inout Effects
     ) {
         guard !ids.isEmpty else { return }
+        recordWaitsEnded(ids, error: result.error, in: core, &effects)
         let outcome = WaiterResult(result)
         effects.resumed = (WaiterSlot.take(ids, settlingWith: outcome, in: &core.waiterSlots), outcome)
     }
@@ -517,10 +570,22 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// Starts `attempt`'s task and its timeout's timer, gives them to the flight, and publishes. The
-    /// first attempt of a flight is reported as its start.
+    /// first attempt of a flight is reported as its start (`waiter`: the caller that started it and
+    /// waits for it, if any).
     @inlinable
-    func start(_ attempt: Machine.Attempt, at now: Duration, in core: inout Core, _ effects: inout Effects) {
-        if let reason = attempt.starts { record(.started(reason), in: &effects) }
+    func start(
+        _ attempt: Machine.Attempt, waiter: Machine.WaiterID?, at now: Duration, in core: inout Core,
+        _ effects: inout Effects
+    ) {
+        if let events {
+            if let reason = attempt.starts {
+                events.currentFetch = AsyncStateFetch(reason: reason, callerContext: effects.callerContext)
+                record(.started(reason), aboutFetch: true, waiter: waiter, in: &effects)
+            } else if let waiter {
+                // A retry that starts a pending attempt of the fetch in flight now: its caller joins it.
+                record(.joined, aboutFetch: true, waiter: waiter, in: &effects)
+            }
+        }
         let (flight, id) = (attempt.flight, attempt.id)
         if let softDeadline = attempt.softTimeoutAt {
             core.machine.attach(softTimer: schedule(at: softDeadline) { store, _ in store.softTimeoutPassed(flight) })
@@ -542,5 +607,13 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             core.machine.attach(task: nil, timer: nil)
         }
         publish(core.machine, at: now)
+    }
+}
+
+extension Result {
+    /// The error, if it is a failure.
+    @inlinable var error: Failure? {
+        if case .failure(let error) = self { return error }
+        return nil
     }
 }

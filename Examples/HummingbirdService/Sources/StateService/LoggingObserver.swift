@@ -61,6 +61,15 @@ public struct LoggingObserver: AsyncStateObserver {
         case .removed(let reason):
             metadata["reason"] = "\(reason)"
             logger.debug("entry removed", metadata: metadata)
+        case .waitEnded(let error):
+            if let error { metadata["error"] = "\(error)" }
+            logger.trace("stopped waiting", metadata: metadata)
+        case .batchStarted(let fetches):
+            metadata["keys"] = "\(fetches.count)"
+            logger.debug("batch started", metadata: metadata)
+        case .batchEnded(let error):
+            if let error { metadata["error"] = "\(error)" }
+            logger.debug(error == nil ? "batch loaded" : "batch failed", metadata: metadata)
         }
     }
 }
@@ -73,7 +82,18 @@ public struct ObserverGroup: AsyncStateObserver {
         self.observers = observers
     }
 
+    /// Each observer's caller context, in order.
+    public func callerContext() -> (any Sendable)? {
+        observers.map { $0.callerContext() }
+    }
+
+    /// Delivers `event` to each observer, with the caller context that observer gave.
     public func observe(_ event: AsyncStateEvent) {
-        for observer in observers { observer.observe(event) }
+        let contexts = event.callerContext as? [(any Sendable)?]
+        for (index, observer) in observers.enumerated() {
+            var own = event
+            own.callerContext = contexts.flatMap { index < $0.count ? $0[index] : nil }
+            observer.observe(own)
+        }
     }
 }

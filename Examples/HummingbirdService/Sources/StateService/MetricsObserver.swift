@@ -52,6 +52,8 @@ public final class MetricsObserver: AsyncStateObserver {
         case .invalidated: count("async_state_invalidations_total", state)
         case .invalidatedTag: count("async_state_tag_invalidations_total", state)
         case .removed(let reason): count("async_state_evictions_total", state, ("reason", "\(reason)"))
+        case .batchStarted: count("async_state_batches_total", state)
+        case .waitEnded, .batchEnded: break
         }
     }
 
