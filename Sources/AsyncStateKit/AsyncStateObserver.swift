@@ -68,36 +68,36 @@ extension AsyncStateObserver {
 /// One run of a fetch's operation (or of a batch's), as events report it (``AsyncStateEvent/fetch``):
 /// the object is the same in every event about that run, from its
 /// ``AsyncStateEvent/Kind/started(_:)`` to its outcome, so an observer can keep what it needs with it
-/// (``annotation``: a tracer's span) instead of in a table of its own. Made only for a state with an
-/// observer.
+/// (``annotate(_:for:)``: a tracer's span) instead of in a table of its own. Made only for a state
+/// with an observer.
 public final class AsyncStateFetch: Sendable, Hashable, CustomStringConvertible {
     /// A number no other fetch of this process has.
     public let id: UInt64
     /// Why it started.
     public let reason: AsyncStateEvent.Reason
-    /// What the observer's ``AsyncStateObserver/callerContext()`` returned in the task of the caller
-    /// that started it (`nil` for a fetch no caller started: a retry after a backoff is the same
-    /// fetch; a batch's is the context of the caller that opened it).
-    public let callerContext: (any Sendable)?
-    private let storage = LockedValue<(any Sendable)?>(nil)
+    private let annotations = LockedValue<[ObjectIdentifier: any Sendable]>([:])
 
     private static let lastID = LockedValue<UInt64>(0)
 
     @usableFromInline
-    init(reason: AsyncStateEvent.Reason, callerContext: (any Sendable)?) {
+    init(reason: AsyncStateEvent.Reason) {
         id = Self.lastID.withLock {
             $0 &+= 1
             return $0
         }
         self.reason = reason
-        self.callerContext = callerContext
     }
 
-    /// What the observer keeps with this fetch (`nil` until it sets it): read and written under a
-    /// lock, so observers on several threads may share it.
-    public var annotation: (any Sendable)? {
-        get { storage.withLock { $0 } }
-        set { storage.withLock { $0 = newValue } }
+    /// What `owner` (an observer, or an object it owns) keeps with this fetch; `nil` until it
+    /// ``annotate(_:for:)``. Each owner has its own, so observers in a group do not overwrite each
+    /// other's; read and written under a lock.
+    public func annotation(for owner: AnyObject) -> (any Sendable)? {
+        annotations.withLock { $0[ObjectIdentifier(owner)] }
+    }
+
+    /// Keeps `value` with this fetch for `owner` (`nil` removes it); see ``annotation(for:)``.
+    public func annotate(_ value: (any Sendable)?, for owner: AnyObject) {
+        annotations.withLock { $0[ObjectIdentifier(owner)] = value }
     }
 
     /// `fetch #id (reason)`.
@@ -217,8 +217,10 @@ public struct AsyncStateEvent: Sendable {
         /// one per waiting caller.
         case waitEnded(error: (any Error)?)
         /// A batch's operation started (``AsyncStateEvent/fetch`` is the batch's), for the keys of
-        /// these fetches: one per key, each reported as ``started(_:)`` with its key before, and
-        /// ending with its own outcome. Reported with no key.
+        /// these fetches: one per key, each reported as ``started(_:)`` with its key (and its
+        /// caller's context) before, and ending with its own outcome. An observer that needs each
+        /// key's caller here keeps it with that fetch when it starts (``AsyncStateFetch/annotate(_:for:)``).
+        /// Reported with no key.
         case batchStarted([AsyncStateFetch])
         /// The batch's operation returned (`error` is `nil`) or threw `error`; its keys' fetches
         /// report their own outcomes. Reported with no key.

@@ -75,11 +75,10 @@ final class ContextLog: AsyncStateObserver {
                 "started(fetch)", "joined", "joined", "succeeded", "waitEnded", "waitEnded", "waitEnded", "hit",
             ])
         #expect(lines.map(\.context) == ["A", "B", "C", nil, nil, nil, nil, nil])
-        // One fetch object from its start to its outcome and its waiters' ends; it keeps its starter's
-        // context.
+        // One fetch object from its start to its outcome and its waiters' ends.
         let fetch = try #require(lines[0].fetch)
         #expect(lines[0..<7].allSatisfy { $0.fetch === fetch } && lines[7].fetch == nil)
-        #expect(fetch.callerContext as? String == "A" && fetch.reason == .fetch)
+        #expect(fetch.reason == .fetch)
         // Each waiter's start (or join) is matched by exactly one end, in the order they came.
         let waits = lines[0..<3].map(\.waiter)
         #expect(Set(waits.compactMap { $0 }).count == 3)
@@ -87,10 +86,15 @@ final class ContextLog: AsyncStateObserver {
         // A hit is delivered in its caller's task, which reads its own context.
         #expect(lines[7].deliveredIn == "D")
 
-        // An observer keeps what it needs with the fetch.
-        fetch.annotation = "span 1"
-        #expect(fetch.annotation as? String == "span 1")
-        #expect(fetch.id > 0 && fetch != AsyncStateFetch(reason: .fetch, callerContext: nil))
+        // Each observer keeps what it needs with the fetch, apart from the others.
+        let other = ContextLog()
+        fetch.annotate("span 1", for: log)
+        fetch.annotate("span 2", for: other)
+        #expect(
+            fetch.annotation(for: log) as? String == "span 1" && fetch.annotation(for: other) as? String == "span 2")
+        fetch.annotate(nil, for: log)
+        #expect(fetch.annotation(for: log) == nil && fetch.annotation(for: other) != nil)
+        #expect(fetch.id > 0 && fetch != AsyncStateFetch(reason: .fetch))
     }
 
     @Test func aCancelledWaiterEndsItsWaitOnceAndAStaleServeStartsABackgroundFetchWithItsContext() async throws {
@@ -123,7 +127,7 @@ final class ContextLog: AsyncStateObserver {
         await clock.advance(by: .seconds(1))
         let lines = log.all
         #expect(lines.map(\.name) == ["servedStale", "started(background)", "succeeded"])
-        #expect(lines[1].context == "C" && lines[1].waiter == nil && lines[1].fetch?.callerContext as? String == "C")
+        #expect(lines[1].context == "C" && lines[1].waiter == nil && lines[1].fetch?.reason == .background)
     }
 
     @Test func aBatchReportsItsKeysFetchesAndItsOwnStartAndEnd() async throws {
@@ -148,10 +152,10 @@ final class ContextLog: AsyncStateObserver {
         let batchStart = try #require(lines.first { $0.name == "batchStarted(4)" })
         guard case .batchStarted(let fetches) = batchStart.kind else { return }
         #expect(fetches == started.compactMap(\.fetch))
-        #expect(fetches.map { $0.callerContext as? String } == ["R0", "R1", "R2", "R3"])
-        // The batch is a fetch of its own, opened by the first caller, reported without a key.
+        #expect(started.map(\.context) == ["R0", "R1", "R2", "R3"])
+        // The batch is a fetch of its own, reported without a key.
         let own = try #require(batchStart.fetch)
-        #expect(!fetches.contains(own) && own.callerContext as? String == "R0" && batchStart.key == nil)
+        #expect(!fetches.contains(own) && batchStart.key == nil)
         let end = try #require(lines.firstIndex { $0.name == "batchEnded" })
         #expect(lines[end].fetch === own)
         #expect(
@@ -166,7 +170,7 @@ final class ContextLog: AsyncStateObserver {
         }
         #expect(results.count == 3)
         let ownBatch = try #require(log.all.first { $0.name == "batchStarted(2)" })
-        #expect(ownBatch.fetch?.callerContext as? String == "V")
+        #expect(ownBatch.fetch != nil && log.all.filter { $0.name == "started(fetch)" }.map(\.context) == ["V", "V"])
     }
 
     @Test func anInvalidationCarriesItsMessageAndTheSendersMetadataToEveryReplica() async throws {

@@ -173,8 +173,7 @@ extension AsyncStateFamily {
             for key in keys { results[key] = .failure(CancellationError()) }
             return results
         }
-        let batch = BatchLoad<Key, Value>(
-            operation: operation, observer: core.observer, callerContext: core.observer?.observer.callerContext())
+        let batch = BatchLoad<Key, Value>(operation: operation, observer: core.observer)
         var waiting: [(Key, AsyncStateStore<Value?>, UInt64)] = []
         var started: [Key] = []
         var attempts: [OperationContext.Entry] = []

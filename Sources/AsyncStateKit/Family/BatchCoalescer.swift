@@ -65,14 +65,11 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
         let ticket = try store.enter(.value, policy: retry, { try await Self.value(for: key, at: seat) })
         // A call that joins a flight, is answered at once or throws adds no key, and opens no batch.
         guard let started = ticket.started else { return ticket }
-        // Read before the lock: the observer's code runs under none. Only a batch this call opens
-        // uses it.
-        let callerContext = observer?.observer.callerContext()
         let fetch = store.observedFetch
         var opened: Load?
         let (load, full) = open.withLock { open -> (Load, Open?) in
             if open == nil {
-                let load = Load(operation: operation, observer: observer, callerContext: callerContext)
+                let load = Load(operation: operation, observer: observer)
                 open = Open(load: load, maxSize: max(1, maxSize))
                 opened = open!.load
             }

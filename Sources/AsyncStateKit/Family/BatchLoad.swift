@@ -34,18 +34,12 @@ final class BatchLoad<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// observer).
     private let observation: (name: String, observer: any AsyncStateObserver, fetch: AsyncStateFetch)?
 
-    /// A batch running `operation`; `observer` (with the family's name) hears of it, as a fetch whose
-    /// caller context is `callerContext` (the observer's, read in the task of the caller that opened
-    /// the batch).
+    /// A batch running `operation`; `observer` (with the family's name) hears of it, as a fetch of its
+    /// own.
     @usableFromInline
-    init(
-        operation: @escaping Operation, observer: (name: String, observer: any AsyncStateObserver)? = nil,
-        callerContext: (any Sendable)? = nil
-    ) {
+    init(operation: @escaping Operation, observer: (name: String, observer: any AsyncStateObserver)? = nil) {
         self.operation = operation
-        observation = observer.map {
-            ($0.name, $0.observer, AsyncStateFetch(reason: .fetch, callerContext: callerContext))
-        }
+        observation = observer.map { ($0.name, $0.observer, AsyncStateFetch(reason: .fetch)) }
     }
 
     /// Reports `kind` about this batch to the observer, if there is one.

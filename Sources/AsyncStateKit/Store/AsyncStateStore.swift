@@ -579,7 +579,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     ) {
         if let events {
             if let reason = attempt.starts {
-                events.currentFetch = AsyncStateFetch(reason: reason, callerContext: effects.callerContext)
+                events.currentFetch = AsyncStateFetch(reason: reason)
                 record(.started(reason), aboutFetch: true, waiter: waiter, in: &effects)
             } else if let waiter {
                 // A retry that starts a pending attempt of the fetch in flight now: its caller joins it.

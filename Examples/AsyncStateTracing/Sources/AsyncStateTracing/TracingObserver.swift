@@ -93,7 +93,7 @@ public final class TracingObserver: AsyncStateObserver {
         case .joined: joined(event)
         case .waitEnded(let error): waitEnded(event, error)
         case .attemptFailed(let error, let attempt, let retryIn):
-            (event.fetch?.annotation as? Load)?.span.addEvent(
+            load(event.fetch)?.span.addEvent(
                 SpanEvent(
                     name: "async_state.attempt_failed",
                     attributes: [
@@ -109,7 +109,7 @@ public final class TracingObserver: AsyncStateObserver {
         case .invalidatedTag(let tag, _): invalidated(event, tag: tag)
         case .batchStarted(let fetches): batchStarted(event, fetches)
         case .batchEnded(let error):
-            guard let batch = event.fetch?.annotation as? Load else { return }
+            guard let batch = load(event.fetch) else { return }
             if let error { batch.span.recordError(error) }
             batch.span.end()
         case .hit, .servedStale, .notModified, .removed:
@@ -119,15 +119,20 @@ public final class TracingObserver: AsyncStateObserver {
 
     // MARK: Loads and waits
 
-    /// A load's (or a batch's) span, kept with its fetch.
+    /// A load's (or a batch's) span, kept with its fetch, and the context of the request that
+    /// started it.
     private final class Load: Sendable {
         let span: any Span
+        let caller: ServiceContext?
         let joiners = Locked(0)
 
-        init(_ span: any Span) {
-            self.span = span
+        init(_ span: any Span, caller: ServiceContext?) {
+            (self.span, self.caller) = (span, caller)
         }
     }
+
+    /// What this observer keeps with `fetch`.
+    private func load(_ fetch: AsyncStateFetch?) -> Load? { fetch?.annotation(for: self) as? Load }
 
     private func started(_ event: AsyncStateEvent, _ reason: AsyncStateEvent.Reason) {
         guard let fetch = event.fetch else { return }
@@ -142,11 +147,11 @@ public final class TracingObserver: AsyncStateObserver {
         }
         describe(span, event)
         span.attributes[Attribute.reason] = reason.rawValue
-        fetch.annotation = Load(span)
+        fetch.annotate(Load(span, caller: caller), for: self)
     }
 
     private func joined(_ event: AsyncStateEvent) {
-        guard let load = event.fetch?.annotation as? Load, let waiter = event.waiter else { return }
+        guard let load = load(event.fetch), let waiter = event.waiter else { return }
         let wait = tracer.startSpan("async_state.wait", context: event.callerContext as? ServiceContext ?? .topLevel)
         describe(wait, event)
         wait.addLink(SpanLink(context: load.span.context, attributes: [:]))
@@ -168,7 +173,7 @@ public final class TracingObserver: AsyncStateObserver {
 
     /// Ends a fetch's load span with its outcome.
     private func finish(_ event: AsyncStateEvent, _ outcome: String, attempts: Int?, error: (any Error)?) {
-        guard let load = event.fetch?.annotation as? Load else { return }
+        guard let load = load(event.fetch) else { return }
         load.span.attributes[Attribute.outcome] = outcome
         if let attempts { load.span.attributes[Attribute.attempts] = attempts }
         load.span.attributes[Attribute.joiners] = load.joiners.withLock { $0 }
@@ -197,16 +202,17 @@ public final class TracingObserver: AsyncStateObserver {
         // propagate of them.
         var callers = Set<[String: String]>()
         for fetch in fetches {
-            if let caller = fetch.callerContext as? ServiceContext {
+            guard let key = load(fetch) else { continue }
+            if let caller = key.caller {
                 let carrier = propagated(caller)
                 if !carrier.isEmpty, callers.insert(carrier).inserted, callers.count <= maximumLinks {
                     span.addLink(SpanLink(context: caller, attributes: [:]))
                 }
             }
-            (fetch.annotation as? Load)?.span.addLink(SpanLink(context: span.context, attributes: [:]))
+            key.span.addLink(SpanLink(context: span.context, attributes: [:]))
         }
         span.attributes[Attribute.batchCallers] = callers.count
-        own.annotation = Load(span)
+        own.annotate(Load(span, caller: nil), for: self)
     }
 
     // MARK: Invalidations
