@@ -16,6 +16,8 @@ let package = Package(
     platforms: [.macOS(.v15)],
     dependencies: [
         .package(path: "../.."),
+        .package(path: "../AsyncStateTracing"),
+        .package(url: "https://github.com/apple/swift-distributed-tracing.git", from: "1.7.3"),
         .package(
             url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1", traits: ["FullFoundation"]),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
@@ -55,6 +57,9 @@ let package = Package(
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "AsyncStateTracing", package: "AsyncStateTracing"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
                 "PostgresInvalidation",
             ]
         ),
@@ -63,6 +68,8 @@ let package = Package(
             name: "hummingbird-service",
             dependencies: [
                 "StateService", "PostgresInvalidation",
+                .product(name: "AsyncStateTracing", package: "AsyncStateTracing"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
@@ -77,6 +84,8 @@ let package = Package(
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
             ]
         ),
         // Against a real PostgreSQL server (`bash .ci/replicas` starts one): the PostgreSQL bus, and

@@ -21,12 +21,17 @@ import ServiceLifecycle
 /// - A request the service cannot read gets 400 with a fixed message, which never echoes the input.
 /// - `GET /ready`: 503 until the critical states have data; `GET /health`: 200 while running.
 /// - `GET /metrics`: the Prometheus registry, state metrics included.
+/// - Every request is a span (`TracingMiddleware`), the parent of the loads it starts and the waits
+///   it joins.
 public func buildRouter(
     catalog: Catalog, settings: Settings, registry: PrometheusCollectorRegistry,
     now: @escaping @Sendable () -> Date = { Date() }
 ) -> Router<BasicRequestContext> {
     let responder = SnapshotResponder(now: now, retryAfter: settings.failureExpiry)
     let router = Router()
+    // A span per request (with the bootstrapped tracer; none: no cost), in whose context the states'
+    // loads and waits are traced (`TracingObserver`).
+    router.add(middleware: TracingMiddleware())
     router.get("/config") { _, _ in responder.response(for: try await catalog.configSnapshot()) }
     router.get("/rates") { _, _ in responder.response(for: try await catalog.ratesSnapshot()) }
     router.get("/users/{id}") { _, context -> Response in

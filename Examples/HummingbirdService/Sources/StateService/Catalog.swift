@@ -49,11 +49,14 @@ public final class Catalog: Sendable {
     ///   - bus: The invalidation bus between replicas; the caller runs the ``invalidator``.
     ///   - authenticator: Signs and checks the invalidations on `bus` (see `HMACAuthenticator`).
     ///   - metrics: Where the upstream's batch calls are counted (the bootstrapped factory by default).
+    ///   - invalidationMetadata: What each published invalidation carries for the other replicas'
+    ///     observers: the writing request's trace context (`TracingObserver/invalidationMetadata()`).
     public init(
         settings: Settings, upstream: any Upstream, clock: some Clock<Duration> = ContinuousClock(),
         observer: (any AsyncStateObserver)? = nil, tenantStore: any TenantStore = InMemoryTenantStore(),
         bus: (any AsyncStateInvalidationBus)? = nil, authenticator: (any AsyncStateInvalidationAuthenticator)? = nil,
-        metrics: any MetricsFactory = MetricsSystem.factory
+        metrics: any MetricsFactory = MetricsSystem.factory,
+        invalidationMetadata: (@Sendable () -> [String: String])? = nil
     ) {
         profileBatch = (settings.profileBatchWindow, settings.profileBatchSize)
         profileBatches = Counter(label: "upstream_profile_batches_total", factory: metrics)
@@ -93,7 +96,7 @@ public final class Catalog: Sendable {
         invalidator = bus.map {
             AsyncStateInvalidator(
                 bus: $0, authenticator: authenticator, invalidateAllInterval: settings.invalidateAllInterval,
-                clock: clock)
+                clock: clock, metadata: invalidationMetadata)
         }
         invalidator?.subscribe(tenants, to: Self.tenantsTopic)
     }

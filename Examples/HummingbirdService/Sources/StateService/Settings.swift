@@ -29,6 +29,7 @@ import PostgresNIO
 /// | `UPSTREAM_LATENCY` | 0.02 | How long the simulated upstream takes per call. |
 /// | `UPSTREAM_OUTAGE` | (none) | `after,down,slow,latency` in seconds: from `after` seconds after the start, the simulated upstream fails for `down` seconds, then takes `latency` per call for `slow` seconds (to try fail-safe and the soft timeout under load). |
 /// | `STATE_FILE` | (none) | Where the states are saved on shutdown and loaded from at start (warm restarts). |
+/// | `TRACE_FILE` | (none) | Record spans with the in-memory tracer and write them to this file as JSON lines (see `TraceExport`); without it, spans go to whatever tracer is bootstrapped (none: they cost nothing). |
 /// | `TENANT_EXPIRY` | 60 | How long a tenant's configuration is fresh: the longest a replica can serve an old one if an invalidation is lost. |
 /// | `TENANT_MAX_BYTES` | 67108864 | What the cached tenants' settings may weigh together, in bytes. |
 /// | `WRITE_TOKEN` | (none) | The bearer token `PUT /config/:tenant` requires (at least 16 characters); without it, writes are refused. |
@@ -62,6 +63,8 @@ public struct Settings: Sendable, Equatable {
     public var upstreamLatency = Duration.milliseconds(20)
     public var upstreamOutage: UpstreamOutage?
     public var stateFile: String?
+    /// Where spans are written (`TRACE_FILE`); `nil` for nowhere.
+    public var traceFile: String?
     public var tenantExpiry = Duration.seconds(60)
     public var tenantMaximumBytes = 64 << 20
     public var writeToken: String?
@@ -103,6 +106,7 @@ public struct Settings: Sendable, Equatable {
         upstreamLatency = try read.seconds("UPSTREAM_LATENCY", allowingZero: true) ?? upstreamLatency
         upstreamOutage = try read.outage("UPSTREAM_OUTAGE")
         stateFile = read.string("STATE_FILE")
+        traceFile = read.string("TRACE_FILE")
         tenantExpiry = try read.seconds("TENANT_EXPIRY") ?? tenantExpiry
         tenantMaximumBytes = try read.integer("TENANT_MAX_BYTES", in: 1...(1 << 40)) ?? tenantMaximumBytes
         if let token = read.string("WRITE_TOKEN") {

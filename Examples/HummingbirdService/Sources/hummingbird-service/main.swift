@@ -1,4 +1,5 @@
 import AsyncStateKit
+import AsyncStateTracing
 import Foundation
 import Hummingbird
 import Logging
@@ -8,6 +9,7 @@ import PostgresNIO
 import Prometheus
 import ServiceLifecycle
 import StateService
+import Tracing
 
 // Configuration from the environment: a bad variable stops the service with a message (exit 78,
 // EX_CONFIG) instead of running it with a surprise.
@@ -28,10 +30,20 @@ let registry = PrometheusCollectorRegistry()
 MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
 
 let logger = Logger(label: "state-service")
-let observer = ObserverGroup([LoggingObserver(logger: logger), MetricsObserver()])
+// With TRACE_FILE, spans are recorded in memory and written there; a production service bootstraps
+// its exporter (swift-otel) here instead.
+var services: [any Service] = []
+var traceExport: TraceExport?
+if let path = settings.traceFile {
+    let export = try TraceExport(path: path)
+    InstrumentationSystem.bootstrap(export.tracer)
+    traceExport = export
+    services.append(export)
+}
+let tracing = TracingObserver()
+let observer = ObserverGroup([LoggingObserver(logger: logger), MetricsObserver(), tracing])
 
 // With POSTGRES_URL, tenants live in PostgreSQL and the replicas invalidate each other through it.
-var services: [any Service] = []
 var tenantStore: any TenantStore = InMemoryTenantStore()
 var bus: PostgresInvalidationBus?
 var authenticator: HMACAuthenticator?
@@ -49,10 +61,12 @@ let catalog = Catalog(
     settings: settings,
     upstream: SimulatedUpstream(
         latency: settings.upstreamLatency, clock: ContinuousClock(), outage: settings.upstreamOutage),
-    observer: observer, tenantStore: tenantStore, bus: bus, authenticator: authenticator)
+    observer: observer, tenantStore: tenantStore, bus: bus, authenticator: authenticator,
+    invalidationMetadata: tracing.invalidationMetadata)
 if let invalidator = catalog.invalidator {
     services.append(InvalidationService(invalidator: invalidator))
 }
 let app = buildApplication(
     catalog: catalog, settings: settings, registry: registry, logger: logger, services: services)
 try await app.runService()
+traceExport?.flush()  // the spans that ended as the server stopped
