@@ -224,8 +224,9 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         }
     }
 
-    /// Reports a hit on `key` (outside any lock).
-    @inlinable
+    /// Reports a hit on `key` (outside any lock). Never inlined, as a state's
+    /// (``AsyncStateStore/observeHit()``): the event would be part of every caller's async frame.
+    @inlinable @inline(never)
     func observeHit(of key: Key) {
         guard let observer else { return }
         observer.observer.observe(AsyncStateEvent(name: observer.name, key: String(describing: key), kind: .hit))

@@ -210,10 +210,12 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// they arrived: those still waiting, each once (see ``AsyncStateEvent/Kind/waitEnded(error:)``).
     @inlinable
     func recordWaitsEnded(
-        _ ids: some Collection<Machine.WaiterID>, error: (any Error)?, in core: Core,
+        _ ids: some Collection<Machine.WaiterID>, error: @autoclosure () -> (any Error)?, in core: Core,
         _ effects: inout Effects
     ) {
+        // `error` only with an observer: an error made into `any Error` is boxed, an allocation.
         guard events != nil else { return }
+        let error = error()
         for id in ids.sorted() {
             switch core.waiterSlots[id] {
             case .pending, .waiting: record(.waitEnded(error: error), aboutFetch: true, waiter: id, in: &effects)
@@ -234,8 +236,9 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         return fresh
     }
 
-    /// A hit, for the observer (called by ``hit(_:)``, outside any lock).
-    @inlinable
+    /// A hit, for the observer (called by ``hit(_:)``, outside any lock). Never inlined: the event
+    /// it builds would otherwise be part of every caller's async frame, with or without an observer.
+    @inlinable @inline(never)
     func observeHit() {
         observation?.deliver(.hit)
     }
