@@ -17,6 +17,8 @@ let package = Package(
         .package(path: "../"),
         .package(url: "https://github.com/ordo-one/benchmark.git", from: "1.38.1", traits: ["MallocInterposer"]),
         .package(url: "https://github.com/pointfreeco/swift-clocks.git", from: "1.1.1"),
+        .package(path: "../Examples/AsyncStateTracing"),
+        .package(url: "https://github.com/apple/swift-distributed-tracing.git", from: "1.7.3"),
     ],
     targets: [
         .executableTarget(
@@ -26,6 +28,8 @@ let package = Package(
                 .product(name: "AsyncStateKit", package: library),
                 .product(name: "AsyncStateTesting", package: library),
                 .product(name: "Clocks", package: "swift-clocks"),
+                .product(name: "AsyncStateTracing", package: "AsyncStateTracing"),
+                .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
             ],
             path: "Benchmarks/AsyncStateBenchmarks",
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]

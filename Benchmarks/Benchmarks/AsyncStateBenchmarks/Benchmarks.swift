@@ -5,9 +5,11 @@
 // underscores but reads them by the raw name, so a name with spaces never finds its thresholds.
 @_spi(Benchmarks) import AsyncStateKit
 import AsyncStateTesting
+import AsyncStateTracing
 import Benchmark
 import Clocks
 import Foundation
+import InMemoryTracing
 import Synchronization
 
 // MARK: Baselines
@@ -300,6 +302,16 @@ let benchmarks: @Sendable () -> Void = {
         for _ in benchmark.scaledIterations { blackHole(try await state.value(loadNumber)) }
     }
 
+    // The same hit, traced (the example's `TracingObserver` on the in-memory tracer): a hit makes no
+    // span, so the same cost, and no allocation.
+    Benchmark("Hit:value(_:)-fresh-with-the-tracing-observer", configuration: nanosecondScale) { benchmark in
+        let tracing = TracingObserver(tracer: InMemoryTracer(recordInjections: false, recordExtractions: false))
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(3_600), name: "n", observer: tracing)
+        _ = try await state.value(loadNumber)
+        benchmark.startMeasurement()
+        for _ in benchmark.scaledIterations { blackHole(try await state.value(loadNumber)) }
+    }
+
     // The usual call site: an operation that captures what it needs (a client and a key).
     Benchmark("Hit:value(_:)-fresh-capturing", configuration: capturingScale) { benchmark in
         let state = AsyncState<Int>(wrappedValue: 0, expiry: .seconds(3_600))
@@ -374,6 +386,15 @@ let benchmarks: @Sendable () -> Void = {
         }
     }
 
+    // The same stampede, traced: one load span and 9,999 wait spans, each linked to the load.
+    Benchmark("Cold:10000-concurrent-value(_:)-traced", configuration: concurrencyScale) { benchmark in
+        await stampede(benchmark) {
+            let tracer = InMemoryTracer(recordInjections: false, recordExtractions: false)
+            let state = AsyncState<Int>(wrappedValue: 0, name: "n", observer: TracingObserver(tracer: tracer))
+            return { (try? await state.value(stampedeOperation)) ?? 0 }
+        }
+    }
+
     Benchmark("Cold:10000-concurrent-hand-written-cache(baseline)", configuration: concurrencyScale) { benchmark in
         await stampede(benchmark) {
             let cache = HandWrittenCache<String, Int>(expiry: .seconds(3_600))
@@ -442,6 +463,19 @@ let benchmarks: @Sendable () -> Void = {
             let family = await filledFamily(keys)
             try await ScatteredWalk.named("family", keys: keys).measure(benchmark) { key in
                 blackHole(try await family.value(for: key) { $0 })
+            }
+        }
+
+        // Traced: a hit makes no span, and the event's key is a small string: no allocation.
+        if keys == 1_000 {
+            Benchmark("Family:hit-1000-keys-with-the-tracing-observer", configuration: nanosecondScale) { benchmark in
+                let tracer = InMemoryTracer(recordInjections: false, recordExtractions: false)
+                let family = AsyncStateFamily<Int, Int>(
+                    expiry: .seconds(3_600), capacity: keys, name: "f", observer: TracingObserver(tracer: tracer))
+                for key in 0..<keys { family.set(key, for: key) }
+                try await ScatteredWalk.named("family-traced", keys: keys).measure(benchmark) { key in
+                    blackHole(try await family.value(for: key) { $0 })
+                }
             }
         }
 
