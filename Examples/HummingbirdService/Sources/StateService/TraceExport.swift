@@ -1,6 +1,7 @@
 import Foundation
 import InMemoryTracing
 import ServiceLifecycle
+import Synchronization
 import Tracing
 
 /// Records the service's spans with swift-distributed-tracing's in-memory tracer and writes them to
@@ -12,8 +13,11 @@ import Tracing
 /// the epoch), `attributes`, `links` (`trace` and `span` of each), `events` (`name`, `attributes`),
 /// `errors` (their descriptions).
 public final class TraceExport: Service {
-    /// The tracer to bootstrap (`InstrumentationSystem.bootstrap(export.tracer)`).
-    public let tracer = InMemoryTracer(recordInjections: false, recordExtractions: false)
+    /// The tracer to bootstrap (`InstrumentationSystem.bootstrap(export.tracer)`). Its ids start with
+    /// a prefix drawn for this process (`3fa9c1-span-12`), so that the traces of several replicas,
+    /// which link to each other, can be read together.
+    public let tracer = InMemoryTracer(
+        idGenerator: TraceExport.processUniqueIDs(), recordInjections: false, recordExtractions: false)
     private let file: FileHandle
     private let interval: Duration
 
@@ -27,6 +31,22 @@ public final class TraceExport: Service {
         }
         file = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
         self.interval = interval
+    }
+
+    /// Trace and span ids `PREFIX-trace-N` and `PREFIX-span-N`, with a prefix of six hexadecimal
+    /// digits drawn once.
+    static func processUniqueIDs() -> InMemoryTracer.IDGenerator {
+        let prefix = String(UInt32.random(in: 0...0xFF_FFFF), radix: 16)
+        let counters = Counters()
+        return InMemoryTracer.IDGenerator(
+            nextTraceID: { "\(prefix)-trace-\(counters.traces.add(1, ordering: .relaxed).newValue)" },
+            nextSpanID: { "\(prefix)-span-\(counters.spans.add(1, ordering: .relaxed).newValue)" })
+    }
+
+    /// The id generator's counters, shared by its closures.
+    private final class Counters: Sendable {
+        let traces = Atomic(0)
+        let spans = Atomic(0)
     }
 
     /// Writes the spans that finished since the last call; returns how many.

@@ -99,7 +99,49 @@ extension RealServerTests {
             print(report)
             #expect(agreement.count == Self.writes)
             #expect(agreement.allSatisfy { $0 < Self.expiry })
+            try checkTraces(of: replicas)
             try? FileManager.default.removeItem(at: directory)
+        }
+
+        /// Each write's invalidation, on each of the two other replicas, is a span linked to the
+        /// writing request (its trace context crossed PostgreSQL in the message's metadata); on the
+        /// writer, it is the request's child. Only the first write (no replica holds the tenant yet)
+        /// and messages sent while PostgreSQL restarted (the replicas then invalidate everything on
+        /// reconnecting, with no message to link to) may have none.
+        func checkTraces(of replicas: [Replica]) throws {
+            let spans = try replicas.map { try $0.spans() }
+            func attributes(_ span: [String: Any]) -> [String: Any] { span["attributes"] as? [String: Any] ?? [:] }
+            func links(_ span: [String: Any]) -> [String] {
+                (span["links"] as? [[String: String]] ?? []).compactMap { $0["span"] }
+            }
+            let writes = spans.map { file in
+                Set(
+                    file.filter {
+                        attributes($0)["http.request.method"] as? String == "PUT"
+                            && attributes($0)["http.response.status_code"] as? Int == 200
+                    }
+                    .compactMap { $0["span"] as? String })
+            }
+            let invalidations = spans.map { file in file.filter { $0["name"] as? String == "async_state.invalidate" } }
+            var (linkedOnBoth, unseenLocally) = (0, 0)
+            for (writer, requests) in writes.enumerated() {
+                let local = Set(invalidations[writer].compactMap { $0["parent"] as? String })
+                unseenLocally += requests.subtracting(local).count
+                for request in requests {
+                    let remote = invalidations.indices.filter { $0 != writer }.filter { other in
+                        invalidations[other].contains { links($0) == [request] && $0["parent"] == nil }
+                    }
+                    if remote.count == 2 { linkedOnBoth += 1 }
+                }
+            }
+            let total = writes.map(\.count).reduce(0, +)
+            print(
+                "replicas: \(linkedOnBoth) of \(total) writes' invalidations linked to the writing request on both other replicas"
+            )
+            #expect(total >= Self.writes)
+            // The first write finds the tenant in no replica's family: nothing to invalidate, no span.
+            #expect(unseenLocally <= 1)
+            #expect(linkedOnBoth >= Self.writes - 5)
         }
 
         struct Config: Decodable {

@@ -141,6 +141,8 @@ final class Replica {
     let port: Int
     let process: Process
     let log: URL
+    /// Where the replica writes its spans (`TRACE_FILE`), as JSON lines.
+    let trace: URL
 
     /// Starts the service built beside this test binary with `environment` added to this process's.
     init(name: String, environment: [String: String], directory: URL) throws {
@@ -151,12 +153,13 @@ final class Replica {
             "build the service first: swift build --package-path Examples/HummingbirdService")
         port = try freePort()
         log = directory.appendingPathComponent("\(name).log")
+        trace = directory.appendingPathComponent("\(name).spans.jsonl")
         try #require(FileManager.default.createFile(atPath: log.path, contents: nil))
         let output = try FileHandle(forWritingTo: log)
         process = Process()
         process.executableURL = binary
         process.environment = ProcessInfo.processInfo.environment.merging(
-            environment.merging(["PORT": "\(port)"]) {
+            environment.merging(["PORT": "\(port)", "TRACE_FILE": trace.path]) {
                 $1
             }
         ) { $1 }
@@ -172,6 +175,13 @@ final class Replica {
         if process.isRunning { process.terminate() }
         while process.isRunning { try? await Task.sleep(for: .milliseconds(5)) }
         return process.terminationStatus
+    }
+
+    /// The spans the replica wrote (read once it has stopped): each a JSON object (see `TraceExport`).
+    func spans() throws -> [[String: Any]] {
+        try String(contentsOf: trace, encoding: .utf8).split(separator: "\n").compactMap {
+            try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
+        }
     }
 
     /// The value of the metric line that starts with `series`, or `nil`.
