@@ -114,8 +114,21 @@ public final class AsyncStateFetch: Sendable, Hashable, CustomStringConvertible 
 public struct AsyncStateEvent: Sendable {
     /// The state's name (its `name:`), for log metadata and metric labels.
     public var name: String
-    /// For an entry of a family, its key (`String(describing:)`); `nil` for a single state.
-    public var key: String?
+    /// For an entry of a family, its key (`String(describing:)`); `nil` for a single state. A
+    /// family's own events keep the key itself and describe it when this is read, so that an observer
+    /// that never reads it (a metric counted by state name) pays nothing for it on a hit.
+    public var key: String? {
+        get {
+            switch keyStorage {
+            case .none: nil
+            case .described(let description): description
+            case .value(let key): String(describing: key)
+            }
+        }
+        set { keyStorage = newValue.map(KeyStorage.described) ?? .none }
+    }
+    /// The key, described or not yet.
+    @usableFromInline var keyStorage: KeyStorage
     /// What happened.
     public var kind: Kind
     /// The fetch this event is about: set for ``Kind/started(_:)``, ``Kind/joined``,
@@ -143,12 +156,36 @@ public struct AsyncStateEvent: Sendable {
         callerContext: (any Sendable)? = nil, invalidation: AsyncStateInvalidation? = nil
     ) {
         self.name = name
-        self.key = key
+        keyStorage = key.map(KeyStorage.described) ?? .none
         self.kind = kind
         self.fetch = fetch
         self.waiter = waiter
         self.callerContext = callerContext
         self.invalidation = invalidation
+    }
+
+    /// An event of a family's entry, whose key is described only if an observer reads ``key``.
+    @inlinable
+    init(
+        name: String, describing key: some Hashable & Sendable, kind: Kind,
+        callerContext: (any Sendable)? = nil, invalidation: AsyncStateInvalidation? = nil
+    ) {
+        self.name = name
+        keyStorage = .value(key)
+        self.kind = kind
+        self.callerContext = callerContext
+        self.invalidation = invalidation
+    }
+
+    /// A key as an event holds it.
+    @usableFromInline
+    enum KeyStorage: Sendable {
+        /// No key: a single state's event, or a family's own.
+        case none
+        /// A key already described (a live entry's events, or one set by hand).
+        case described(String)
+        /// A key, described when read.
+        case value(any Hashable & Sendable)
     }
 
     /// A caller waiting for a fetch: equal in its ``Kind/joined`` (or ``Kind/started(_:)``) and its

@@ -209,4 +209,48 @@ final class ContextLog: AsyncStateObserver {
         readerProfiles.invalidate(1)
         #expect(readerLog.all.last?.name == "invalidated" && readerLog.all.last?.metadata == nil)
     }
+
+    @Test func aFamilyEventDescribesItsKeyOnlyWhenTheObserverReadsIt() async throws {
+        let clock = VirtualClock()
+        let described = LockedValue(0)
+        struct Key: Hashable, Sendable, CustomStringConvertible {
+            var id: Int
+            let counter: Counter
+            var description: String {
+                counter.count()
+                return "key \(id)"
+            }
+            static func == (lhs: Key, rhs: Key) -> Bool { lhs.id == rhs.id }
+            func hash(into hasher: inout Hasher) { hasher.combine(id) }
+        }
+        final class Counter: Sendable {
+            let value: LockedValue<Int>
+            init(_ value: LockedValue<Int>) { self.value = value }
+            func count() { value.withLock { $0 += 1 } }
+        }
+        final class Kinds: AsyncStateObserver {
+            let keys = LockedValue<[String?]>([])
+            let readsKeys: Bool
+            init(readsKeys: Bool) { self.readsKeys = readsKeys }
+            func observe(_ event: AsyncStateEvent) {
+                guard case .hit = event.kind else { return }
+                if readsKeys { keys.withLock { $0.append(event.key) } }
+            }
+        }
+        let key = Key(id: 7, counter: Counter(described))
+        for readsKeys in [false, true] {
+            let observer = Kinds(readsKeys: readsKeys)
+            let family = AsyncStateFamily<Key, Int>(expiry: .seconds(60), clock: clock, name: "f", observer: observer)
+            family.set(1, for: key)
+            described.withLock { $0 = 0 }
+            for _ in 0..<3 { #expect(try await family.value(for: key) { _ in 0 } == 1) }
+            #expect(described.withLock { $0 } == (readsKeys ? 3 : 0))
+            #expect(observer.keys.withLock { $0 } == (readsKeys ? ["key 7", "key 7", "key 7"] : []))
+        }
+        // A key set by hand is kept as given.
+        var event = AsyncStateEvent(name: "f", key: "a", kind: .hit)
+        #expect(event.key == "a")
+        event.key = nil
+        #expect(event.key == nil)
+    }
 }

@@ -229,7 +229,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @inlinable @inline(never)
     func observeHit(of key: Key) {
         guard let observer else { return }
-        observer.observer.observe(AsyncStateEvent(name: observer.name, key: String(describing: key), kind: .hit))
+        observer.observer.observe(AsyncStateEvent(name: observer.name, describing: key, kind: .hit))
     }
 
     /// How `key`'s store reports, if the family has an observer.
@@ -436,7 +436,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         guard let observer else { return }
         observer.observer.observe(
             AsyncStateEvent(
-                name: observer.name, key: String(describing: key), kind: .invalidated,
+                name: observer.name, describing: key, kind: .invalidated,
                 callerContext: observer.observer.callerContext(), invalidation: InvalidationCause.current))
     }
 
@@ -496,7 +496,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
             if let observer {
                 observer.observer.observe(
                     AsyncStateEvent(
-                        name: observer.name, key: String(describing: entry.key), kind: .removed(entry.reason)))
+                        name: observer.name, describing: entry.key, kind: .removed(entry.reason)))
             }
         }
     }
