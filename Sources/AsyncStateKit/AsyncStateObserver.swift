@@ -299,36 +299,14 @@ struct Observation: Sendable {
         observer.observe(AsyncStateEvent(name: name, key: key, kind: kind))
     }
 
-    /// Delivers a recorded event now.
+    /// Delivers an event recorded under the state's lock (see ``AsyncStateStore/record(_:aboutFetch:waiter:in:)``),
+    /// as this state's: with its name and key.
     @usableFromInline
-    func deliver(_ event: RecordedEvent) {
-        observer.observe(
-            AsyncStateEvent(
-                name: name, key: key, kind: event.kind, fetch: event.fetch, waiter: event.waiter,
-                callerContext: event.callerContext, invalidation: event.invalidation))
-    }
-}
-
-/// An event recorded under a state's lock, to be delivered after it: all of an
-/// ``AsyncStateEvent`` but the state's name and key.
-@usableFromInline
-struct RecordedEvent: Sendable {
-    @usableFromInline var kind: AsyncStateEvent.Kind
-    @usableFromInline var fetch: AsyncStateFetch?
-    @usableFromInline var waiter: AsyncStateEvent.Waiter?
-    @usableFromInline var callerContext: (any Sendable)?
-    @usableFromInline var invalidation: AsyncStateInvalidation?
-
-    @inlinable
-    init(
-        _ kind: AsyncStateEvent.Kind, fetch: AsyncStateFetch?, waiter: AsyncStateEvent.Waiter?,
-        callerContext: (any Sendable)?, invalidation: AsyncStateInvalidation?
-    ) {
-        self.kind = kind
-        self.fetch = fetch
-        self.waiter = waiter
-        self.callerContext = callerContext
-        self.invalidation = invalidation
+    func deliver(recorded event: AsyncStateEvent) {
+        var event = event
+        event.name = name
+        event.key = key
+        observer.observe(event)
     }
 }
 
@@ -347,7 +325,7 @@ enum InvalidationCause {
 /// after it is released: whoever finds the queue idle drains it, including what others add meanwhile.
 @usableFromInline
 final class EventQueue: Sendable {
-    private let state = LockedValue<(events: [RecordedEvent], draining: Bool)>(([], false))
+    private let state = LockedValue<(events: [AsyncStateEvent], draining: Bool)>(([], false))
     private let fetch = LockedValue<AsyncStateFetch?>(nil)
     @usableFromInline let observation: Observation
 
@@ -365,21 +343,21 @@ final class EventQueue: Sendable {
 
     /// Adds `events`; called under the state's lock (this lock is taken inside it, never around it).
     @usableFromInline
-    func enqueue(_ events: [RecordedEvent]) {
+    func enqueue(_ events: [AsyncStateEvent]) {
         state.withLock { $0.events += events }
     }
 
     /// Delivers what is queued, unless another thread is delivering (it delivers these too).
     @usableFromInline
     func drain() {
-        var batch = state.withLock { state -> [RecordedEvent] in
+        var batch = state.withLock { state -> [AsyncStateEvent] in
             guard !state.draining, !state.events.isEmpty else { return [] }
             state.draining = true
             defer { state.events = [] }
             return state.events
         }
         while !batch.isEmpty {
-            for event in batch { observation.deliver(event) }
+            for event in batch { observation.deliver(recorded: event) }
             batch = state.withLock { state in
                 defer { state.events = [] }
                 if state.events.isEmpty { state.draining = false }

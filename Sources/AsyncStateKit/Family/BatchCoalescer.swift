@@ -69,8 +69,7 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
         var opened: Load?
         let (load, full) = open.withLock { open -> (Load, Open?) in
             if open == nil {
-                let load = Load(operation: operation, observer: observer)
-                open = Open(load: load, maxSize: max(1, maxSize))
+                open = Open(load: Load(operation: operation, observer: observer), maxSize: max(1, maxSize))
                 opened = open!.load
             }
             open!.keys.append(key)

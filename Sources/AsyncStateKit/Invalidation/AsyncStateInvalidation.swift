@@ -101,8 +101,8 @@ extension AsyncStateInvalidation {
     }
 
     /// Reads a payload that another replica wrote with ``payload()``: a JSON object with a non-empty
-    /// string `topic` and, optionally, a string `key`, `tag` and `signature` and a `metadata` object of strings (which it reads, not
-    /// checks: ``AsyncStateInvalidator`` does). Fields it does not know are ignored, so that a
+    /// string `topic` and, optionally, a string `key`, `tag` and `signature` (which it reads, not
+    /// checks: ``AsyncStateInvalidator`` does) and a `metadata` object of strings. Fields it does not know are ignored, so that a
     /// replica of a newer release, which may send more, is still understood during a rolling
     /// upgrade. Anything else is refused: a bus that receives a payload it cannot read should log it
     /// and go on (it is someone else's message, or a damaged one), never crash.

@@ -75,7 +75,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         /// A waiter whose task was cancelled, to resume with ``WaiterOutcome/cancelled``.
         @usableFromInline var cancelledWaiter: UnsafeContinuation<WaiterOutcome, Never>?
         /// Events for the observer, in order (only with an observer).
-        @usableFromInline var events: [RecordedEvent] = []
+        @usableFromInline var events: [AsyncStateEvent] = []
         /// What the observer's ``AsyncStateObserver/callerContext()`` returned for the caller whose
         /// call this is (`nil` for an event no caller brought, and without an observer).
         @usableFromInline var callerContext: (any Sendable)?
@@ -199,9 +199,10 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         in effects: inout Effects
     ) {
         guard let events else { return }
+        // Named and keyed when delivered (``Observation/deliver(recorded:)``).
         effects.events.append(
-            RecordedEvent(
-                kind(), fetch: aboutFetch ? events.currentFetch : nil,
+            AsyncStateEvent(
+                name: "", kind: kind(), fetch: aboutFetch ? events.currentFetch : nil,
                 waiter: waiter.map { AsyncStateEvent.Waiter(state: ObjectIdentifier(self), number: $0) },
                 callerContext: effects.callerContext, invalidation: effects.invalidation))
     }
