@@ -9,7 +9,13 @@
 //   swift run --package-path Benchmarks -c release HitLoop family-snapshot 1000   # a family's snapshot hit
 //   swift run --package-path Benchmarks -c release HitLoop miss 10000   # a family's miss (a new key each time; the capacity)
 //   swift run --package-path Benchmarks -c release HitLoop miss-actor   # a hand-written actor `[Key: Task]` cache's miss
+//   swift run --package-path Benchmarks -c release HitLoop miss-fresh 10000   # misses as the harness makes them:
+//       1,000 at a time into a new family (the capacity), its teardown included
+//   swift run --package-path Benchmarks -c release HitLoop miss-actor-fresh   # the same with the actor cache
+// With DETACHED=1 in the environment the loop runs in a detached task, on the cooperative pool (as the
+// harness's benchmarks do) rather than on the main thread.
 import AsyncStateKit
+import Foundation
 
 let mode = CommandLine.arguments.dropFirst().first ?? "family"
 let keys = CommandLine.arguments.dropFirst(2).first.flatMap(Int.init) ?? 1_000
@@ -42,8 +48,11 @@ actor TaskCache {
 }
 
 func run() async throws {
-    guard ["family", "family-snapshot", "dictionary", "single", "miss", "miss-actor"].contains(mode), keys > 0 else {
-        print("usage: HitLoop family|family-snapshot|dictionary|single|miss|miss-actor [keys]")
+    let modes = [
+        "family", "family-snapshot", "dictionary", "single", "miss", "miss-actor", "miss-fresh", "miss-actor-fresh",
+    ]
+    guard modes.contains(mode), keys > 0 else {
+        print("usage: HitLoop \(modes.joined(separator: "|")) [keys] [misses]")
         return
     }
     var order: [Int] = []
@@ -66,6 +75,20 @@ func run() async throws {
         (rounds, order) = (1, Array(0..<misses))
         start = .now
         for key in order { sum &+= try await family.value(for: key) { $0 } }
+    case "miss-fresh":
+        (rounds, order) = (misses / 1_000, Array(0..<1_000))
+        start = .now
+        for _ in 0..<rounds {
+            let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
+            for key in order { sum &+= try await family.value(for: key) { $0 } }
+        }
+    case "miss-actor-fresh":
+        (rounds, order) = (misses / 1_000, Array(0..<1_000))
+        start = .now
+        for _ in 0..<rounds {
+            let cache = TaskCache()
+            for key in order { sum &+= try await cache.value(for: key) { key } }
+        }
     case "miss-actor":
         let cache = TaskCache()
         (rounds, order) = (1, Array(0..<misses))
@@ -96,4 +119,8 @@ func run() async throws {
     )
 }
 
-try await run()
+if ProcessInfo.processInfo.environment["DETACHED"] != nil {
+    try await Task.detached { try await run() }.value
+} else {
+    try await run()
+}
