@@ -143,7 +143,13 @@ extension AsyncStateFamily {
     /// failure expiry; starts a pending automatic retry now; otherwise does nothing — like
     /// ``AsyncState/retry(_:)``. Returns once the fetch has settled.
     public nonisolated(nonsending) func retry(for key: Key, _ operation: @escaping Operation) async {
-        await core.using(key) { store in try? await store.retry { try await operation(key) } }
+        await core.using(key) { store in
+            guard let secondLevel = core.secondLevel else {
+                _ = try? await store.retry { try await operation(key) }
+                return
+            }
+            _ = try? await store.retry(secondLevel.operation(for: key, in: store) { try await operation(key) })
+        }
     }
 
     /// Returns the values of `keys`: one run of `operation` loads every key that is neither fresh
@@ -276,7 +282,12 @@ extension AsyncStateFamily {
         _ key: Key, from store: AsyncStateStore<Value?>, _ request: FetchRequest, retry: RetryPolicy?,
         _ operation: @escaping Operation
     ) async throws -> Value {
-        Self.answered(try await store.fetch(request, policy: retry, { try await operation(key) }))
+        guard let secondLevel = core.secondLevel else {
+            return Self.answered(try await store.fetch(request, policy: retry, { try await operation(key) }))
+        }
+        return Self.answered(
+            try await store.fetch(
+                request, policy: retry, secondLevel.operation(for: key, in: store) { try await operation(key) }))
     }
 
     /// A value a key's store answered with. A store answers with a value only after a success or a

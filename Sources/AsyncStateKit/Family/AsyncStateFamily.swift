@@ -105,6 +105,9 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ///   - name: What the family reports as to `observer`.
     ///   - observer: Receives what every entry does, with its key (see ``AsyncStateObserver``), and
     ///     every removal; `nil` (the default): nothing is recorded.
+    ///   - secondLevel: A cache the family's replicas share behind their memory, read on a miss
+    ///     before the source, with fleet-wide single flight (see ``AsyncStateSecondLevelOptions``);
+    ///     `nil` (the default): none. Batches (``values(for:_:)``) and coalesced misses do not use it.
     public init(
         expiry: Duration = .seconds(120),
         capacity: Int = 10_000,
@@ -123,19 +126,20 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
-        observer: (any AsyncStateObserver)? = nil
+        observer: (any AsyncStateObserver)? = nil,
+        secondLevel: AsyncStateSecondLevelOptions<Value>? = nil
     ) {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
             staleWhileRevalidate, refreshAfter, maxStaleAge, tags, onRemoval, name, observer,
-            isEmpty: isEmpty ?? { _ in false })
+            secondLevel, isEmpty: isEmpty ?? { _ in false })
     }
 
     /// Creates an empty family of collections; an empty collection is ``AsyncPhase/empty``, as in an
     /// ``AsyncState`` of a collection.
     ///
     /// The parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:)-5bb0m``;
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:secondLevel:)-5bb0m``;
     /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
     public init(
         expiry: Duration = .seconds(120),
@@ -155,19 +159,20 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
-        observer: (any AsyncStateObserver)? = nil
+        observer: (any AsyncStateObserver)? = nil,
+        secondLevel: AsyncStateSecondLevelOptions<Value>? = nil
     ) where Value: Collection {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
             staleWhileRevalidate, refreshAfter, maxStaleAge, tags, onRemoval, name, observer,
-            isEmpty: isEmpty ?? { $0.isEmpty })
+            secondLevel, isEmpty: isEmpty ?? { $0.isEmpty })
     }
 
     /// Creates an empty family of optionals; `nil` is ``AsyncPhase/empty``, as in an ``AsyncState``
     /// of an optional.
     ///
     /// The parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:)-5bb0m``;
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:secondLevel:)-5bb0m``;
     /// `isEmpty` overrides `== nil` as the emptiness test.
     public init<Wrapped: Sendable>(
         expiry: Duration = .seconds(120),
@@ -187,19 +192,20 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
-        observer: (any AsyncStateObserver)? = nil
+        observer: (any AsyncStateObserver)? = nil,
+        secondLevel: AsyncStateSecondLevelOptions<Value>? = nil
     ) where Value == Wrapped? {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
             staleWhileRevalidate, refreshAfter, maxStaleAge, tags, onRemoval, name, observer,
-            isEmpty: isEmpty ?? { $0 == nil })
+            secondLevel, isEmpty: isEmpty ?? { $0 == nil })
     }
 
     /// Creates a family holding `wrappedValue`'s values, fresh from now, as if each were given to
     /// ``set(_:for:)`` (beyond the capacity, the first ones are evicted).
     ///
     /// The other parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:)-5bb0m``.
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:secondLevel:)-5bb0m``.
     public init(
         wrappedValue: [Key: Value],
         expiry: Duration = .seconds(120),
@@ -219,17 +225,18 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
-        observer: (any AsyncStateObserver)? = nil
+        observer: (any AsyncStateObserver)? = nil,
+        secondLevel: AsyncStateSecondLevelOptions<Value>? = nil
     ) {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
             staleWhileRevalidate, refreshAfter, maxStaleAge, tags, onRemoval, name, observer,
-            isEmpty: isEmpty ?? { _ in false })
+            secondLevel, isEmpty: isEmpty ?? { _ in false })
         for (key, value) in wrappedValue { set(value, for: key) }
     }
 
     /// Creates a family of collections holding `wrappedValue`'s values, as
-    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:)``
+    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:secondLevel:)``
     /// does; an empty collection is ``AsyncPhase/empty``.
     public init(
         wrappedValue: [Key: Value],
@@ -250,17 +257,18 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
-        observer: (any AsyncStateObserver)? = nil
+        observer: (any AsyncStateObserver)? = nil,
+        secondLevel: AsyncStateSecondLevelOptions<Value>? = nil
     ) where Value: Collection {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
             staleWhileRevalidate, refreshAfter, maxStaleAge, tags, onRemoval, name, observer,
-            isEmpty: isEmpty ?? { $0.isEmpty })
+            secondLevel, isEmpty: isEmpty ?? { $0.isEmpty })
         for (key, value) in wrappedValue { set(value, for: key) }
     }
 
     /// Creates a family of optionals holding `wrappedValue`'s values, as
-    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:)``
+    /// ``init(wrappedValue:expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:secondLevel:)``
     /// does; `nil` is ``AsyncPhase/empty``.
     public init<Wrapped: Sendable>(
         wrappedValue: [Key: Value],
@@ -281,12 +289,13 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)? = nil,
         name: String = "",
-        observer: (any AsyncStateObserver)? = nil
+        observer: (any AsyncStateObserver)? = nil,
+        secondLevel: AsyncStateSecondLevelOptions<Value>? = nil
     ) where Value == Wrapped? {
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
             staleWhileRevalidate, refreshAfter, maxStaleAge, tags, onRemoval, name, observer,
-            isEmpty: isEmpty ?? { $0 == nil })
+            secondLevel, isEmpty: isEmpty ?? { $0 == nil })
         for (key, value) in wrappedValue { set(value, for: key) }
     }
 
@@ -299,7 +308,8 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         _ failureExpiry: Duration, _ staleWhileRevalidate: Bool, _ refreshAfter: Duration?, _ maxStaleAge: Duration?,
         _ tags: (@Sendable (Key, Value) -> [String])?,
         _ onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)?, _ name: String,
-        _ observer: (any AsyncStateObserver)?, isEmpty: @escaping @Sendable (Value) -> Bool
+        _ observer: (any AsyncStateObserver)?, _ secondLevel: AsyncStateSecondLevelOptions<Value>?,
+        isEmpty: @escaping @Sendable (Value) -> Bool
     ) {
         let configuration = StoreConfiguration<Value?>(
             expiry: expiry, failureExpiry: failureExpiry, isEmpty: { $0.map(isEmpty) ?? false }, retry: retry,
@@ -308,7 +318,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         core = FamilyCore(
             capacity: capacity, maximumWeight: maximumWeight, weigher: weigher, idleExpiry: idleExpiry,
             configuration: configuration, clock: StoreClock(clock), onRemoval: onRemoval, name: name,
-            observer: observer, tagger: tags)
+            observer: observer, tagger: tags, secondLevel: secondLevel)
     }
 
     // MARK: Reading
@@ -350,6 +360,10 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         core.forEachSnapshot(at: core.clock.now()) { snapshots[$0] = $1 }
         return snapshots
     }
+
+    /// What the family's second level has done (see ``AsyncStateSecondLevelOptions``), or `nil`
+    /// without one.
+    public var secondLevelStatistics: AsyncStateSecondLevelStatistics? { core.secondLevel?.statistics }
 
     /// The number of entries (keys with a value, a fetch in flight, a failure or a subscriber).
     public var count: Int { core.count }

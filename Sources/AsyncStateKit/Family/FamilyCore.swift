@@ -50,6 +50,9 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// The open batch of coalesced misses, made by the first such miss (a family that never
     /// coalesces allocates nothing for it).
     @usableFromInline let coalescerReference = AtomicLazyReference<BatchCoalescer<Key, Value>>()
+    /// What a miss does with the second level, if the family has one (see
+    /// ``AsyncStateSecondLevelOptions``); hits never read it.
+    @usableFromInline let secondLevel: SecondLevelLoader<Value>?
 
     /// The family's batch coalescer (see ``BatchCoalescer``).
     @inlinable
@@ -67,9 +70,14 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         capacity: Int, maximumWeight: Int? = nil, weigher: (@Sendable (Key, Value) -> Int)? = nil,
         idleExpiry: Duration?, configuration: StoreConfiguration<Value?>, clock: StoreClock, onRemoval: OnRemoval?,
         name: String = "", observer: (any AsyncStateObserver)? = nil,
-        tagger: (@Sendable (Key, Value) -> [String])? = nil
+        tagger: (@Sendable (Key, Value) -> [String])? = nil, secondLevel: AsyncStateSecondLevelOptions<Value>? = nil
     ) {
         self.observer = observer.map { (name, $0) }
+        self.secondLevel = secondLevel.map { options in
+            SecondLevelLoader(options: options, clock: clock) { value in
+                configuration.expiry.saturatingAdd(configuration.freshnessShift(of: value))
+            }
+        }
         isObserved = observer != nil
         let capacity = max(1, capacity)
         // One shard for a small family (one policy for the whole family); up to 16

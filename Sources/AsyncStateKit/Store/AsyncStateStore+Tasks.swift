@@ -92,6 +92,8 @@ extension AsyncStateStore {
                 outcome = .cancelled
             } catch is NotModified {
                 outcome = .notModified
+            } catch let arrival as SecondLevelArrival<Value> {
+                outcome = .arrived(arrival.value, arrival.arrival)
             } catch {
                 outcome = .failure(error)
             }

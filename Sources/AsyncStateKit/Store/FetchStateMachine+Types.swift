@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// Why a caller asks a state for its value: the one description of a request, given to the machine,
 /// which derives from it everything that depends on it — how fresh, failed and stale data are
@@ -154,6 +154,9 @@ extension FetchStateMachine {
         case cancelled
         /// It answered that the value it was given is still current (conditional refresh).
         case notModified
+        /// It answered with a value another replica fetched (read from a second level): a success
+        /// dated as that fetch was, as old and with as much freshness left as `arrival` says.
+        case arrived(Value, RemoteArrival)
     }
 
     /// An attempt for the shell to run now: run `operation` in a task, give the task and the timer
@@ -293,5 +296,21 @@ extension FetchStateMachine {
     final class FlightBox {
         @usableFromInline var flight: Flight
         @inlinable init(_ flight: Flight) { self.flight = flight }
+    }
+}
+
+/// How old a value from a second level is, and how long it stays fresh (see
+/// ``FetchStateMachine/Outcome/arrived(_:_:)``).
+@usableFromInline
+struct RemoteArrival: Sendable {
+    /// How long ago its source answered (not negative).
+    @usableFromInline var age: Duration
+    /// How much longer it is fresh (positive).
+    @usableFromInline var lifetime: Duration
+    /// The wall date its source answered on.
+    @usableFromInline var date: Date
+
+    @inlinable init(age: Duration, lifetime: Duration, date: Date) {
+        (self.age, self.lifetime, self.date) = (age, lifetime, date)
     }
 }

@@ -395,6 +395,8 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
             // be. With no value to keep, a failure.
             guard data.hasValue else { return attemptFailed(AsyncStateError.notModifiedWithoutValue, now: now) }
             return settleSucceeded(with: data.value, now: now, date: date, answer: .notModified)
+        case .arrived(let newValue, let arrival):
+            return settleSucceeded(with: newValue, now: now, date: arrival.date, answer: .result, arrival: arrival)
         case .failure(let error):
             return attemptFailed(error, now: now)
         case .cancelled:
@@ -552,18 +554,26 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
             cancel: handles)
     }
 
-    /// The flight succeeded with `value` (new, or kept as `answer` says) at `now`, on `date`.
-    @inlinable mutating func settleSucceeded(with value: Value, now: Duration, date: Date, answer: SettleAnswer)
-        -> FlightAction
-    {
-        let freshness: StateData<Value>.Freshness =
-            flightBox!.flight.expiresOnArrival
-            ? .expired
-            : flightBox!.flight.kind == .append
-                ? .unchanged : .from(now, shift: configuration.freshnessShift(of: value))
+    /// The flight succeeded with `value` (new, or kept as `answer` says) at `now`, on `date`; for a
+    /// value that came from a second level, as old and as fresh as `arrival` says.
+    @inlinable mutating func settleSucceeded(
+        with value: Value, now: Duration, date: Date, answer: SettleAnswer, arrival: RemoteArrival? = nil
+    ) -> FlightAction {
+        let freshness: StateData<Value>.Freshness
+        if flightBox!.flight.expiresOnArrival {
+            freshness = .expired
+        } else if flightBox!.flight.kind == .append {
+            freshness = .unchanged
+        } else if let arrival {
+            // Fresh until `now + lifetime`: `now − (now + shift) < expiry` exactly until then.
+            freshness = .from(now, shift: arrival.lifetime - configuration.expiry)
+        } else {
+            freshness = .from(now, shift: configuration.freshnessShift(of: value))
+        }
         let report = self.report(at: now)
         let (waiters, handles) = takeFlight()
-        data.succeed(value, isEmpty: isEmpty(value), now: now, date: date, freshness: freshness)
+        data.succeed(
+            value, isEmpty: isEmpty(value), now: now, date: date, freshness: freshness, age: arrival?.age ?? .zero)
         return .settle(waiters: waiters, result: .success(value), report: report, cancel: handles, answer: answer)
     }
 

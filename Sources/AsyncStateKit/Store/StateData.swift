@@ -143,12 +143,16 @@ struct StateData<Value: Sendable> {
 
     /// A fetch succeeded with `newValue` (empty by `isEmpty`) at `now`, on `date`. The value is as
     /// old as its data's freshness says: new at `now`, unless `unchanged` (an appended page).
-    @inlinable mutating func succeed(_ newValue: Value, isEmpty: Bool, now: Duration, date: Date, freshness: Freshness)
-    {
+    /// `age`: how long before `now` the value's source answered (a value another replica fetched),
+    /// which fail-safe's maximum stale age counts.
+    @inlinable mutating func succeed(
+        _ newValue: Value, isEmpty: Bool, now: Duration, date: Date, freshness: Freshness, age: Duration = .zero
+    ) {
         receive(newValue, isEmpty: isEmpty, date: date)
+        let arrived = age > .zero ? now.saturatingAdd(.zero - age) : now
         switch freshness {
-        case .from(let instant, let shift): (freshSince, receivedAt) = (instant.saturatingAdd(shift), now)
-        case .expired: (freshSince, receivedAt) = (nil, now)
+        case .from(let instant, let shift): (freshSince, receivedAt) = (instant.saturatingAdd(shift), arrived)
+        case .expired: (freshSince, receivedAt) = (nil, arrived)
         case .unchanged: break
         }
         failureCount = 0

@@ -1,0 +1,68 @@
+public import Foundation
+
+/// A cache that several replicas share behind their own memory: the second level (L2) of a family
+/// whose first level (L1) is each replica's memory.
+///
+/// A family given a second level (see ``AsyncStateSecondLevelOptions``) reads it on a miss before it
+/// calls the source, and takes the key's lease there before it does, so that replicas that miss the
+/// same key at once cost the source one call: the lease's holder loads the value and writes it, the
+/// others wait for that write and read it. The protocol is all the family needs; an implementation
+/// stores entries by string key (a shared database table, a key-value store). `AsyncStateTesting`
+/// has one in memory, with fault injection; the example service has one on PostgreSQL.
+///
+/// The family never trusts what it reads: an entry that fails to decode is dropped and the key is
+/// loaded again; a freshness that outlasts the family's own expiry is cut to it. Every call has its
+/// own timeout, and a second level that fails or times out is skipped (the family goes to its
+/// source, as without one) until a backoff has passed: a fault never fails a hit and never hangs a
+/// miss.
+///
+/// Implementations must keep two rules:
+/// - **Versions never go backwards.** ``write(_:for:)`` stores an entry only if its version is
+///   greater than the stored one's.
+/// - **Lease tokens grow.** The token ``acquireLease(on:for:)`` returns is greater than every token
+///   it returned before for that key and than the version stored for it: a holder writes its entry
+///   with its token as the version, so a holder that lost its lease (it ran past the lease's
+///   expiry, and another took it) cannot overwrite a newer holder's write.
+public protocol AsyncStateSecondLevel: Sendable {
+    /// The entry stored for `key`, or `nil`.
+    func read(_ key: String) async throws -> AsyncStateStoredEntry?
+
+    /// Stores `entry` for `key` unless the stored entry's version is the same or greater; returns
+    /// whether it stored it.
+    func write(_ entry: AsyncStateStoredEntry, for key: String) async throws -> Bool
+
+    /// Takes `key`'s lease for `duration` if nobody holds it (or its holder's lease has expired), or
+    /// says how long the current holder's lease still runs.
+    func acquireLease(on key: String, for duration: Duration) async throws -> AsyncStateLease
+
+    /// Gives back the lease `token` holds on `key`; does nothing if the lease has expired or another
+    /// holder has taken it since.
+    func releaseLease(on key: String, token: UInt64) async throws
+}
+
+/// An entry as a second level stores it: the encoded value, when its source answered, until when it
+/// is fresh, and its version.
+public struct AsyncStateStoredEntry: Sendable, Hashable {
+    /// The value, encoded by the family's codec in its envelope (see ``AsyncStateCodec``).
+    public var payload: [UInt8]
+    /// When the source answered with this value (the replica's wall clock).
+    public var succeededAt: Date
+    /// Until when the value is fresh.
+    public var freshUntil: Date
+    /// The entry's version: the lease token of the replica that wrote it.
+    public var version: UInt64
+
+    /// Creates an entry.
+    public init(payload: [UInt8], succeededAt: Date, freshUntil: Date, version: UInt64) {
+        (self.payload, self.succeededAt, self.freshUntil, self.version) = (payload, succeededAt, freshUntil, version)
+    }
+}
+
+/// What a replica gets when it asks for a key's lease.
+public enum AsyncStateLease: Sendable, Hashable {
+    /// It holds the lease, until its duration passes or it gives it back. Its write carries `token`
+    /// as its version.
+    case acquired(token: UInt64)
+    /// Another replica holds it, for `expiresIn` more (on the second level's clock).
+    case held(expiresIn: Duration)
+}

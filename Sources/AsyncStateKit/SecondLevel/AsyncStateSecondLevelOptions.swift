@@ -1,0 +1,107 @@
+import Foundation
+
+/// How a family uses a second level (see ``AsyncStateSecondLevel``): which one, under which
+/// namespace, with which codec, and the bounds of every wait.
+///
+/// ```swift
+/// let profiles = AsyncStateFamily<Int, Profile>(
+///     expiry: .seconds(120),
+///     secondLevel: AsyncStateSecondLevelOptions(level: postgres, namespace: "profiles", codec: .json))
+/// ```
+///
+/// On a miss (after the family's own single flight, so one call per replica and key at most), the
+/// family reads the key's entry: a fresh one is the answer, with the freshness it has left, and the
+/// source is not called. Otherwise it takes the key's lease. The holder calls the source, writes the
+/// entry (its lease token is the version) and gives the lease back; a replica that finds the lease
+/// held reads the entry every `pollInterval` until the holder's write is there, and takes the lease
+/// itself once the holder's lease expires (a holder that died). A waiter never waits longer than
+/// `maximumWait`: it then calls the source itself.
+///
+/// Every call to the second level is bounded by `timeout`. A call that fails or times out makes the
+/// family skip the second level — straight to its source, as without one — for `faultBackoff`,
+/// doubled after each further fault up to `maximumFaultBackoff`, and the next miss after that tries
+/// it again. So a second level that is down or slow never fails a hit (hits never reach it) and
+/// never hangs a miss longer than one timeout.
+public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
+    /// The second level.
+    public var level: any AsyncStateSecondLevel
+    /// Prefixes every key (`namespace:key`, the key as `String(describing:)` writes it): one per
+    /// family that shares the second level, and its key descriptions must be unique.
+    public var namespace: String
+    /// Encodes and decodes the values.
+    public var codec: AsyncStateCodec<Value>
+    /// The longest one call to the second level may take. Defaults to 250 ms.
+    public var timeout: Duration
+    /// How long a lease lasts unless given back: longer than the source's slowest answer, or a
+    /// second replica calls it too. Defaults to 10 seconds.
+    public var leaseDuration: Duration
+    /// How often a replica that waits for another's load reads the entry. Defaults to 25 ms.
+    public var pollInterval: Duration
+    /// The longest a replica waits for another's load before it calls the source itself. Defaults
+    /// to the lease's duration plus one poll, so that a waiter outlasts a dead holder's lease.
+    public var maximumWait: Duration
+    /// How long the second level is skipped after a fault. Defaults to 1 second.
+    public var faultBackoff: Duration
+    /// The longest it is skipped after repeated faults. Defaults to 30 seconds.
+    public var maximumFaultBackoff: Duration
+
+    /// Creates the options.
+    ///
+    /// - Parameters:
+    ///   - level: The second level.
+    ///   - namespace: Prefixes every key: one per family sharing `level`.
+    ///   - codec: Encodes and decodes the values (``AsyncStateCodec/json`` for `Codable` ones).
+    ///   - timeout: The longest one call to `level` may take.
+    ///   - leaseDuration: How long a lease lasts unless given back.
+    ///   - pollInterval: How often a waiting replica reads the entry.
+    ///   - maximumWait: The longest a replica waits for another's load; `nil`: the lease's duration
+    ///     plus one poll.
+    ///   - faultBackoff: How long `level` is skipped after a fault.
+    ///   - maximumFaultBackoff: The longest it is skipped after repeated faults.
+    ///
+    /// Durations are clamped to `0...`; a `pollInterval` below a millisecond is a millisecond.
+    public init(
+        level: any AsyncStateSecondLevel, namespace: String, codec: AsyncStateCodec<Value>,
+        timeout: Duration = .milliseconds(250), leaseDuration: Duration = .seconds(10),
+        pollInterval: Duration = .milliseconds(25), maximumWait: Duration? = nil,
+        faultBackoff: Duration = .seconds(1), maximumFaultBackoff: Duration = .seconds(30)
+    ) {
+        self.level = level
+        self.namespace = namespace
+        self.codec = codec
+        self.timeout = timeout.clampedToLimits
+        self.leaseDuration = leaseDuration.clampedToLimits
+        self.pollInterval = max(pollInterval.clampedToLimits, .milliseconds(1))
+        self.maximumWait =
+            (maximumWait ?? leaseDuration.clampedToLimits.saturatingAdd(self.pollInterval))
+            .clampedToLimits
+        self.faultBackoff = faultBackoff.clampedToLimits
+        self.maximumFaultBackoff = max(maximumFaultBackoff.clampedToLimits, self.faultBackoff)
+    }
+}
+
+/// What a family's second level has done, counted since the family was made (see
+/// ``AsyncStateFamily/secondLevelStatistics``).
+public struct AsyncStateSecondLevelStatistics: Sendable, Hashable {
+    /// Misses answered from the second level, without a call to the source.
+    public var hits = 0
+    /// Misses this replica loaded from its source as the lease's holder.
+    public var loads = 0
+    /// Times this replica waited for another's load (each ends in a hit, a lease, or a load of its
+    /// own after `maximumWait`).
+    public var waits = 0
+    /// Waits that ran out (``AsyncStateSecondLevelOptions/maximumWait``): the replica called the
+    /// source without the lease.
+    public var waitsRunOut = 0
+    /// Calls that failed or timed out.
+    public var faults = 0
+    /// Misses that skipped the second level because it had failed (they went to the source).
+    public var skipped = 0
+    /// Entries that did not decode (dropped, and loaded again).
+    public var undecodable = 0
+    /// Writes the second level refused because it held a newer version.
+    public var refusedWrites = 0
+
+    /// No counts.
+    public init() {}
+}

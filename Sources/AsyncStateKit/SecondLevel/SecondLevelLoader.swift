@@ -1,0 +1,300 @@
+import Foundation
+
+/// What a family's miss does with a second level (see ``AsyncStateSecondLevelOptions`` for the
+/// rules): read, lease, load, write, wait. It runs inside the attempt of the key's local flight, so
+/// the family's own single flight, cancellation, retry and timeout apply around it unchanged; it
+/// answers with the source's value, or with one another replica fetched, which the store settles as
+/// arrived (``SecondLevelArrival``) with the freshness it has left.
+@usableFromInline
+final class SecondLevelLoader<Value: Sendable>: Sendable {
+    let options: AsyncStateSecondLevelOptions<Value>
+    let clock: StoreClock
+    /// How long a value stays fresh from its source's answer, on this replica (its own lifetime, or
+    /// the declared expiry).
+    let lifetime: @Sendable (Value) -> Duration
+    private let health = LockedValue(Health())
+
+    /// Whether the second level is being skipped, and the counts.
+    private struct Health {
+        /// Until when (on the clock) the second level is skipped; `nil` while it answers.
+        var skippedUntil: Duration?
+        /// Faults in a row.
+        var faultsInARow = 0
+        var statistics = AsyncStateSecondLevelStatistics()
+    }
+
+    /// What a load answered with.
+    enum Loaded {
+        /// The source's value (this replica called it).
+        case source(Value)
+        /// A value another replica's source answered with, read from the second level.
+        case arrived(Value, RemoteArrival)
+    }
+
+    /// A call to the second level failed or ran past its timeout: the load goes to the source.
+    private struct Fault: Error {}
+
+    @usableFromInline
+    init(
+        options: AsyncStateSecondLevelOptions<Value>, clock: StoreClock,
+        lifetime: @escaping @Sendable (Value) -> Duration
+    ) {
+        (self.options, self.clock, self.lifetime) = (options, clock, lifetime)
+    }
+
+    var statistics: AsyncStateSecondLevelStatistics { health.withLock { $0.statistics } }
+
+    /// The second level's key for a family key.
+    func key(for description: String) -> String { "\(options.namespace):\(description)" }
+
+    /// A store's operation for `key` that loads through the second level (see ``load(_:_:)``): it
+    /// returns the source's value, or throws a value another replica fetched as a
+    /// ``SecondLevelArrival``, which the store's task settles as arrived.
+    ///
+    /// An entry no newer than the value `store` holds (by its source's answer) is not taken: a
+    /// replica's data never gets older, even after it called its source without the lease (the second
+    /// level was down, or a wait ran out).
+    @usableFromInline
+    func operation<Key>(
+        for key: Key, in store: AsyncStateStore<Value?>, _ operation: @escaping @Sendable () async throws -> Value
+    ) -> @Sendable () async throws -> Value? {
+        let key = self.key(for: String(describing: key))
+        return { [self, weak store] in
+            let held = store.flatMap { $0.cell.snapshot(at: clock.now()).lastSuccess }
+            switch try await load(key, newerThan: held, operation) {
+            case .source(let value): return value
+            case .arrived(let value, let arrival): throw SecondLevelArrival<Value?>(value: value, arrival: arrival)
+            }
+        }
+    }
+
+    /// Loads `key`'s value: from the second level if it holds a fresh one, else from `operation`
+    /// as the lease's holder (writing it), else from the holder's write; from `operation` directly
+    /// when the second level fails.
+    func load(_ key: String, newerThan held: Date?, _ operation: @Sendable () async throws -> Value)
+        async throws -> Loaded
+    {
+        let skip = health.withLock { health -> Bool in
+            guard let until = health.skippedUntil, clock.now() < until else { return false }
+            health.statistics.skipped += 1
+            return true
+        }
+        if skip { return .source(try await operation()) }
+        do {
+            return try await loadThroughSecondLevel(key, newerThan: held, operation)
+        } catch is Fault {
+            return .source(try await operation())
+        }
+    }
+
+    private func loadThroughSecondLevel(
+        _ key: String, newerThan held: Date?, _ operation: @Sendable () async throws -> Value
+    ) async throws -> Loaded {
+        if let fresh = try await freshEntry(key, newerThan: held) { return fresh }
+        let giveUpAt = clock.now().saturatingAdd(options.maximumWait)
+        var waited = false
+        while true {
+            switch try await bounded({ [options] in
+                try await options.level.acquireLease(on: key, for: options.leaseDuration)
+            }) {
+            case .acquired(let token):
+                return try await loadAsHolder(key, token: token, operation)
+            case .held(let expiresIn):
+                if !waited {
+                    waited = true
+                    count { $0.waits += 1 }
+                }
+                // Read every poll until the holder's write is there; ask for the lease again once
+                // its lease has expired (or at the next poll: a holder may give it back early).
+                let now = clock.now()
+                let wake = min(
+                    now.saturatingAdd(options.pollInterval), now.saturatingAdd(max(expiresIn, .zero)), giveUpAt)
+                try await clock.sleep(max(wake, now))
+                if let fresh = try await freshEntry(key, newerThan: held) { return fresh }
+                if clock.now() >= giveUpAt {
+                    count { $0.waitsRunOut += 1 }
+                    return .source(try await operation())
+                }
+            }
+        }
+    }
+
+    /// The holder's load: the source's value, written with the lease's token as its version; the
+    /// lease is given back whatever happens.
+    private func loadAsHolder(_ key: String, token: UInt64, _ operation: @Sendable () async throws -> Value)
+        async throws -> Loaded
+    {
+        count { $0.loads += 1 }
+        let value: Value
+        do {
+            value = try await operation()
+        } catch {
+            await release(key, token: token)
+            throw error
+        }
+        defer { Task(executorPreference: clock.executor) { [self] in await release(key, token: token) } }
+        let date = clock.date()
+        let lifetime = lifetime(value)
+        guard lifetime > .zero, let payload = try? options.codec.encode(value) else { return .source(value) }
+        let entry = AsyncStateStoredEntry(
+            payload: payload, succeededAt: date, freshUntil: date.addingTimeInterval(lifetime.timeInterval),
+            version: token)
+        let written = try? await bounded { [options] in try await options.level.write(entry, for: key) }
+        if written == false {
+            // A newer holder wrote first (this one outlived its lease): its value is newer than this.
+            count { $0.refusedWrites += 1 }
+            if let fresh = try? await freshEntry(key, newerThan: nil) { return fresh }
+        }
+        return .source(value)
+    }
+
+    /// Gives the lease back, within the timeout; a fault only counts.
+    private func release(_ key: String, token: UInt64) async {
+        _ = try? await bounded { [options] in try await options.level.releaseLease(on: key, token: token) }
+    }
+
+    /// The key's entry as an answer, if the second level holds a fresh one that decodes, and that
+    /// its source answered after `held` (the date of the value this replica holds, if any).
+    private func freshEntry(_ key: String, newerThan held: Date?) async throws -> Loaded? {
+        guard let entry = try await bounded({ [options] in try await options.level.read(key) }) else { return nil }
+        if let held, entry.succeededAt <= held { return nil }
+        let value: Value
+        do {
+            value = try options.codec.decode(entry.payload)
+        } catch {
+            count { $0.undecodable += 1 }
+            return nil
+        }
+        let date = clock.date()
+        let age = max(Duration.clamped(seconds: date.timeIntervalSince(entry.succeededAt)), .zero)
+        // Never fresher than this replica would keep it from the source's answer.
+        let remaining = min(
+            Duration.clamped(seconds: entry.freshUntil.timeIntervalSince(date)), lifetime(value) - age)
+        guard remaining > .zero else { return nil }
+        count { $0.hits += 1 }
+        return .arrived(value, RemoteArrival(age: age, lifetime: remaining, date: entry.succeededAt))
+    }
+
+    private func count(_ change: (inout AsyncStateSecondLevelStatistics) -> Void) {
+        health.withLock { change(&$0.statistics) }
+    }
+
+    /// Runs one call to the second level, bounded by the timeout: its result, or ``Fault`` when it
+    /// throws or runs past the timeout (then it is cancelled and left behind, so a call that
+    /// ignores cancellation cannot hold the load). A fault makes the second level skipped for the
+    /// backoff; a success ends the backoff. The caller's cancellation ends the wait at once with
+    /// `CancellationError`.
+    private func bounded<T: Sendable>(_ call: @escaping @Sendable () async throws -> T) async throws -> T {
+        let race = Race<T>()
+        let deadline = clock.now().saturatingAdd(options.timeout)
+        let result: Result<T, any Error> = await withTaskCancellationHandler {
+            await withUnsafeContinuation { continuation in
+                race.begin(continuation)
+                let work = Task(executorPreference: clock.executor) {
+                    do {
+                        race.finish(.success(try await call()))
+                    } catch {
+                        race.finish(.failure(error))
+                    }
+                }
+                let timer = Task(executorPreference: clock.executor) { [clock] in
+                    try? await clock.sleep(deadline)
+                    if !Task.isCancelled { race.finish(.failure(Fault())) }
+                }
+                race.onFinish {
+                    work.cancel()
+                    timer.cancel()
+                }
+            }
+        } onCancel: {
+            race.finish(.failure(CancellationError()))
+        }
+        switch result {
+        case .success(let value):
+            health.withLock {
+                $0.faultsInARow = 0
+                $0.skippedUntil = nil
+            }
+            return value
+        case .failure(let error) where error is CancellationError && Task.isCancelled:
+            throw error
+        case .failure:
+            let now = clock.now()
+            health.withLock { health in
+                health.faultsInARow += 1
+                health.statistics.faults += 1
+                var backoff = options.faultBackoff
+                for _ in 1..<min(health.faultsInARow, 32) where backoff < options.maximumFaultBackoff {
+                    backoff = backoff.saturatingAdd(backoff)
+                }
+                health.skippedUntil = now.saturatingAdd(min(backoff, options.maximumFaultBackoff))
+            }
+            throw Fault()
+        }
+    }
+}
+
+/// The first of a call's result, its timeout and its caller's cancellation to arrive resumes the
+/// waiting caller; the others are dropped.
+private final class Race<T: Sendable>: Sendable {
+    private struct State {
+        var continuation: UnsafeContinuation<Result<T, any Error>, Never>?
+        var result: Result<T, any Error>?
+        var cleanup: (@Sendable () -> Void)?
+        var finished = false
+    }
+    private let state = LockedValue(State())
+
+    /// Registers the waiting caller (a result that came first is delivered now).
+    func begin(_ continuation: UnsafeContinuation<Result<T, any Error>, Never>) {
+        let early = state.withLock { state -> Result<T, any Error>? in
+            if let result = state.result { return result }
+            state.continuation = continuation
+            return nil
+        }
+        if let early { continuation.resume(returning: early) }
+    }
+
+    /// Runs `cleanup` once the race is decided (now, if it is).
+    func onFinish(_ cleanup: @escaping @Sendable () -> Void) {
+        let now = state.withLock { state -> Bool in
+            if state.finished { return true }
+            state.cleanup = cleanup
+            return false
+        }
+        if now { cleanup() }
+    }
+
+    /// Decides the race with `result` unless it is decided.
+    func finish(_ result: Result<T, any Error>) {
+        let (continuation, cleanup) = state.withLock {
+            state -> (UnsafeContinuation<Result<T, any Error>, Never>?, (@Sendable () -> Void)?) in
+            guard !state.finished else { return (nil, nil) }
+            state.finished = true
+            state.result = result
+            defer { (state.continuation, state.cleanup) = (nil, nil) }
+            return (state.continuation, state.cleanup)
+        }
+        continuation?.resume(returning: result)
+        cleanup?()
+    }
+}
+
+/// What an operation wrapped by a second level throws to hand its store a value another replica
+/// fetched: the store's task turns it into the machine's ``FetchStateMachine/Outcome/arrived(_:_:)``
+/// (it never reaches a caller).
+@usableFromInline
+struct SecondLevelArrival<Value: Sendable>: Error {
+    @usableFromInline let value: Value
+    @usableFromInline let arrival: RemoteArrival
+}
+
+extension Duration {
+    /// `interval` seconds, within `±AsyncStateLimits.maximumDuration` (a wall-clock difference read
+    /// from a second level may be anything).
+    static func clamped(seconds interval: TimeInterval) -> Duration {
+        let bound = AsyncStateLimits.maximumDuration.timeInterval
+        guard !interval.isNaN else { return .zero }
+        return .nanoseconds(Int64(max(-bound, min(bound, interval)) * 1e9))
+    }
+}

@@ -1,0 +1,347 @@
+import AsyncStateTesting
+import Foundation
+import Testing
+
+@testable import AsyncStateKit
+
+/// A second level shared by replicas in one process (`InMemorySecondLevel`), in virtual time: one
+/// source call for a fleet's miss, a dead holder replaced at its lease's expiry, faults that never
+/// fail a hit or hang a miss, versions that never go backwards, garbage that is never served.
+@Suite struct SecondLevelTests {
+    /// `count` replicas' families on one second level (each through its own connection).
+    static func replicas(
+        _ count: Int, on level: InMemorySecondLevel, clock: VirtualClock, expiry: Duration = .seconds(120),
+        leaseDuration: Duration = .seconds(10), timeout: Duration = .milliseconds(250)
+    ) -> [(family: AsyncStateFamily<Int, Int>, connection: InMemorySecondLevel.Replica)] {
+        (0..<count).map { _ in
+            let connection = level.replica()
+            let family = AsyncStateFamily<Int, Int>(
+                expiry: expiry, clock: clock,
+                secondLevel: AsyncStateSecondLevelOptions(
+                    level: connection, namespace: "numbers", codec: .json, timeout: timeout,
+                    leaseDuration: leaseDuration))
+            return (family, connection)
+        }
+    }
+
+    /// 5 replicas × 1,000 concurrent cold callers on one key: exactly one source call. The lease's
+    /// holder loads it (1 s); the other four find the lease held, read the entry every 25 ms, and
+    /// answer from it once it is written — each caller with the one value.
+    @Test func fiveReplicasOfAThousandCallersCostOneSourceCall() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock)
+        let replicas = Self.replicas(5, on: level, clock: clock)
+        let callers = replicas.flatMap { replica in
+            (0..<1_000).map { _ in clock.task { try await replica.family.value(for: 7, source.operation) } }
+        }
+        await clock.advance(by: .zero)
+        #expect(source.calls.count == 1)
+        await clock.advance(by: .seconds(1))
+        await clock.advance(by: .milliseconds(25))
+        for caller in callers { #expect(try await caller.value == 71) }
+        #expect(source.calls.count == 1)
+        let statistics = replicas.compactMap(\.family.secondLevelStatistics)
+        #expect(statistics.map(\.loads).reduce(0, +) == 1)
+        #expect(statistics.map(\.hits).reduce(0, +) == 4)
+        #expect(statistics.map(\.waits).reduce(0, +) == 4)
+        #expect(level.counts.leasesAcquired == 1)
+        #expect(level.entry(for: "numbers:7")?.version == 1)
+        // Each replica keeps it fresh as long as the holder's answer is: 120 s from t = 1 s.
+        await clock.advance(to: .init(offset: .seconds(121) - .nanoseconds(1)))
+        for replica in replicas { #expect(try await replica.family.value(for: 7, source.operation) == 71) }
+        #expect(source.calls.count == 1)
+        #expect(replicas.allSatisfy { $0.family.snapshot(for: 7)?.lastSuccess == clock.startDate + 1 })
+    }
+
+    /// A replica that finds a fresh entry answers from it without the source, fresh for what the
+    /// entry has left; an L1 hit never reads the second level.
+    @Test func aFreshEntryIsAnsweredWithTheFreshnessItHasLeft() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock)
+        let replicas = Self.replicas(2, on: level, clock: clock, expiry: .seconds(60))
+        let first = clock.task { try await replicas[0].family.value(for: 1, source.operation) }
+        await clock.advance(by: .seconds(1))
+        #expect(try await first.value == 11)
+        await clock.advance(by: .seconds(20))
+        let second = clock.task { try await replicas[1].family.value(for: 1, source.operation) }
+        await clock.advance(by: .zero)
+        #expect(try await second.value == 11)
+        #expect(source.calls.count == 1)
+        let reads = level.counts.reads
+        #expect(try await replicas[1].family.value(for: 1, source.operation) == 11)
+        #expect(level.counts.reads == reads)
+        // Written at 1 s for 60 s: fresh on the second replica until 61 s, not 81 s.
+        await clock.advance(to: .init(offset: .seconds(61) - .nanoseconds(1)))
+        #expect(replicas[1].family.snapshot(for: 1)?.isExpired == false)
+        await clock.advance(by: .nanoseconds(1))
+        #expect(replicas[1].family.snapshot(for: 1)?.isExpired == true)
+    }
+
+    /// An entry that claims more freshness than this replica's expiry allows (a replica with a longer
+    /// expiry wrote it, or a forged one) is cut to the expiry, counted from its source's answer.
+    @Test func anEntryIsNeverFresherThanTheExpiryAllows() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock)
+        let replica = Self.replicas(1, on: level, clock: clock, expiry: .seconds(30))[0]
+        let payload = try AsyncStateCodec<Int>.json.encode(42)
+        level.overwrite(
+            .init(
+                payload: payload, succeededAt: clock.startDate, freshUntil: clock.startDate + 3_600, version: 3),
+            for: "numbers:5")
+        await clock.advance(by: .seconds(10))
+        let caller = clock.task { try await replica.family.value(for: 5, source.operation) }
+        await clock.advance(by: .zero)
+        #expect(try await caller.value == 42)
+        #expect(source.calls.isEmpty)
+        await clock.advance(to: .init(offset: .seconds(30) - .nanoseconds(1)))
+        #expect(replica.family.snapshot(for: 5)?.isExpired == false)
+        await clock.advance(by: .nanoseconds(1))
+        #expect(replica.family.snapshot(for: 5)?.isExpired == true)
+    }
+
+    /// A holder that dies mid-load (its operation never returns) holds the lease until it expires;
+    /// another replica then takes it and calls the source at that instant exactly, not before.
+    @Test func aDeadHoldersLeaseExpiresAndAnotherReplicaLoadsThenExactly() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock, duration: .seconds(1))
+        let replicas = Self.replicas(2, on: level, clock: clock, leaseDuration: .seconds(10))
+        let dead = clock.task {
+            try await replicas[0].family.value(for: 3) { _ in
+                try await clock.sleep(for: .seconds(1_000_000))
+                return -1
+            }
+        }
+        await clock.advance(by: .milliseconds(500))
+        let waiter = clock.task { try await replicas[1].family.value(for: 3, source.operation) }
+        await clock.advance(to: .init(offset: .seconds(10) - .nanoseconds(1)))
+        #expect(source.calls.isEmpty)
+        await clock.advance(by: .nanoseconds(1))
+        #expect(source.calls.map(\.at) == [.seconds(10)])
+        await clock.advance(by: .seconds(1))
+        #expect(try await waiter.value == 31)
+        #expect(level.entry(for: "numbers:3")?.version == 2)
+        dead.cancel()
+        await clock.advance(by: .zero)
+        _ = try? await dead.value
+    }
+
+    /// The second level down: a hit is answered from memory (it never reads it), a miss goes
+    /// straight to the source, and the next misses skip it for the backoff; after the backoff a miss
+    /// tries it again.
+    @Test func aSecondLevelThatIsDownNeverFailsAHitNorHangsAMiss() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock)
+        let replica = Self.replicas(1, on: level, clock: clock)[0]
+        let warm = clock.task { try await replica.family.value(for: 1, source.operation) }
+        await clock.advance(by: .seconds(1))
+        #expect(try await warm.value == 11)
+        level.isDown = true
+        #expect(try await replica.family.value(for: 1, source.operation) == 11)
+        let miss = clock.task { try await replica.family.value(for: 2, source.operation) }
+        await clock.advance(by: .zero)
+        #expect(source.calls.map(\.key) == [1, 2])
+        #expect(replica.family.secondLevelStatistics?.faults == 1)
+        // Within the backoff (1 s from the fault at 1 s), a miss does not try it.
+        await clock.advance(by: .milliseconds(500))
+        let skipped = clock.task { try await replica.family.value(for: 4, source.operation) }
+        await clock.advance(by: .zero)
+        #expect(source.calls.last?.key == 4)
+        await clock.advance(by: .seconds(1))
+        #expect(try await miss.value == 21)
+        #expect(try await skipped.value == 41)
+        #expect(replica.family.secondLevelStatistics?.skipped == 1)
+        #expect(replica.family.secondLevelStatistics?.faults == 1)
+        // Up again, after the backoff: the next miss uses it.
+        level.isDown = false
+        let reads = level.counts.reads
+        let again = clock.task { try await replica.family.value(for: 5, source.operation) }
+        await clock.advance(by: .seconds(1))
+        #expect(try await again.value == 51)
+        #expect(level.counts.reads == reads + 1)
+        #expect(level.entry(for: "numbers:5") != nil)
+    }
+
+    /// A second level slower than its timeout, and one cut off by a partition whose calls hang even
+    /// when cancelled: a miss waits one timeout (250 ms), then calls the source.
+    @Test(arguments: [false, true])
+    func aSlowOrPartitionedSecondLevelCostsAMissOneTimeout(partitioned: Bool) async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock)
+        let replica = Self.replicas(1, on: level, clock: clock)[0]
+        if partitioned {
+            replica.connection.isPartitioned = true
+        } else {
+            level.latency = .seconds(5)
+        }
+        let miss = clock.task { try await replica.family.value(for: 9, source.operation) }
+        await clock.advance(to: .init(offset: .milliseconds(250) - .nanoseconds(1)))
+        #expect(source.calls.isEmpty)
+        await clock.advance(by: .nanoseconds(1))
+        #expect(source.calls.map(\.at) == [.milliseconds(250)])
+        await clock.advance(by: .seconds(1))
+        #expect(try await miss.value == 91)
+        #expect(replica.family.secondLevelStatistics?.faults == 1)
+        replica.connection.isPartitioned = false
+        await clock.advance(by: .seconds(5))
+    }
+
+    /// What is in the second level is never trusted: a foreign payload, a truncated one, one under
+    /// another tag or another envelope format, is dropped and the key loaded from the source — no
+    /// caller sees an error — and the new entry replaces it.
+    @Test func anUndecodableEntryIsDroppedAndRefetched() async throws {
+        let good = try AsyncStateCodec<Int>.json.encode(99)
+        let garbage: [[UInt8]] = [
+            Array("not an envelope".utf8), Array(good.prefix(5)), try AsyncStateCodec<Int>.json(tag: "v2").encode(99),
+            [0x41, 0x53, 0x4C, 0x32, 9, 4] + Array("json99".utf8), Array(good.dropLast()) + [0x7B],
+        ]
+        for (index, payload) in garbage.enumerated() {
+            let clock = VirtualClock()
+            let level = InMemorySecondLevel(clock: clock)
+            let source = KeyedSource(clock: clock)
+            let replica = Self.replicas(1, on: level, clock: clock)[0]
+            level.overwrite(
+                .init(payload: payload, succeededAt: clock.startDate, freshUntil: clock.startDate + 3_600, version: 40),
+                for: "numbers:6")
+            let caller = clock.task { try await replica.family.value(for: 6, source.operation) }
+            await clock.advance(by: .seconds(1))
+            #expect(try await caller.value == 61, "garbage \(index)")
+            #expect(source.calls.count == 1, "garbage \(index)")
+            #expect(replica.family.secondLevelStatistics?.undecodable == 1, "garbage \(index)")
+            let entry = level.entry(for: "numbers:6")
+            #expect(entry?.version == 41, "garbage \(index)")
+            #expect(entry.map { try? AsyncStateCodec<Int>.json.decode($0.payload) } == 61, "garbage \(index)")
+        }
+    }
+
+    /// A holder that outlives its lease (lost, or expired while its source was slow) loses to the
+    /// holder after it: its older write is refused, and it answers with the newer entry instead of
+    /// its own, so neither level goes back.
+    @Test func aHolderThatLostItsLeaseCannotOverwriteANewerEntry() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let replicas = Self.replicas(2, on: level, clock: clock)
+        let slow = clock.task {
+            try await replicas[0].family.value(for: 8) { _ in
+                try await clock.sleep(for: .seconds(5))
+                return 1
+            }
+        }
+        await clock.advance(by: .seconds(1))
+        level.loseLease(on: "numbers:8")
+        let fast = clock.task {
+            try await replicas[1].family.value(for: 8) { _ in
+                try await clock.sleep(for: .seconds(1))
+                return 2
+            }
+        }
+        await clock.advance(by: .seconds(1))
+        #expect(try await fast.value == 2)
+        #expect(level.entry(for: "numbers:8")?.version == 2)
+        await clock.advance(by: .seconds(3))
+        #expect(try await slow.value == 2)
+        #expect(level.entry(for: "numbers:8")?.version == 2)
+        #expect(replicas[0].family.secondLevelStatistics?.refusedWrites == 1)
+    }
+
+    /// Seeded random schedules over 4 replicas: misses at random instants, sources of random
+    /// duration (some past the lease, so that a wait runs out and a replica calls its source without
+    /// the lease), leases lost and outages of the second level at random (a replica then calls its
+    /// source directly, and later finds older entries there), invalidations of a replica's entry. The versions in the second level only grow and each keeps
+    /// one value; each replica's data only gets newer (its success dates, and the source's counter,
+    /// read when the source answers, never go back).
+    @Test(arguments: [1, 2, 3, 4, 5, 6, 7, 8] as [UInt64])
+    func versionsNeverGoBackwardsUnderRandomSchedules(seed: UInt64) async throws {
+        var random = SplitMix64(seed: seed)
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let counter = LockedValue(0)
+        let replicas = Self.replicas(4, on: level, clock: clock, expiry: .seconds(2), leaseDuration: .seconds(3))
+        var tasks: [(replica: Int, task: Task<Int, any Error>)] = []
+        var payloads: [UInt64: [UInt8]] = [:]
+        var lastVersion: UInt64 = 0
+        var lastDates = [Date?](repeating: nil, count: 4)
+        for _ in 0..<200 {
+            let replica = Int.random(in: 0..<4, using: &random)
+            let duration = Duration.milliseconds(Int.random(in: 1...4_000, using: &random))
+            tasks.append(
+                (
+                    replica,
+                    clock.task {
+                        try await replicas[replica].family.value(for: 1) { _ in
+                            try await clock.sleep(for: duration)
+                            return counter.withLock { value -> Int in
+                                value += 1
+                                return value
+                            }
+                        }
+                    }
+                ))
+            if Int.random(in: 0..<10, using: &random) == 0 { level.loseLease(on: "numbers:1") }
+            if Int.random(in: 0..<12, using: &random) == 0 { level.isDown.toggle() }
+            if Int.random(in: 0..<6, using: &random) == 0 {
+                replicas[Int.random(in: 0..<4, using: &random)].family.invalidate(1)
+            }
+            await clock.advance(by: .milliseconds(Int.random(in: 0...700, using: &random)))
+            if let entry = level.entry(for: "numbers:1") {
+                #expect(entry.version >= lastVersion)
+                if let earlier = payloads[entry.version] { #expect(earlier == entry.payload) }
+                payloads[entry.version] = entry.payload
+                lastVersion = entry.version
+            }
+            for (index, replica) in replicas.enumerated() {
+                guard let date = replica.family.snapshot(for: 1)?.lastSuccess else { continue }
+                if let last = lastDates[index] { #expect(date >= last, "replica \(index)'s data got older") }
+                lastDates[index] = date
+            }
+        }
+        await clock.advance(by: .seconds(30))
+        var lastSeen = [Int](repeating: 0, count: 4)
+        for (replica, task) in tasks {
+            let value = try await task.value
+            #expect(value >= lastSeen[replica], "replica \(replica) went back from \(lastSeen[replica]) to \(value)")
+            lastSeen[replica] = max(lastSeen[replica], value)
+        }
+        #expect(lastVersion > 1)
+    }
+}
+
+/// The envelope around every payload.
+@Suite struct SecondLevelCodecTests {
+    @Test func aValueRoundTripsInItsEnvelope() throws {
+        struct Profile: Codable, Equatable, Sendable {
+            var name: String
+            var age: Int
+        }
+        let codec = AsyncStateCodec<Profile>.json(tag: "profile-v1")
+        let payload = try codec.encode(Profile(name: "Ada", age: 36))
+        #expect(Array(payload.prefix(6)) == [0x41, 0x53, 0x4C, 0x32, 1, 10])
+        #expect(try codec.decode(payload) == Profile(name: "Ada", age: 36))
+    }
+
+    @Test func aForeignTruncatedOrOtherTagPayloadThrows() throws {
+        let codec = AsyncStateCodec<Int>.json
+        let payload = try codec.encode(5)
+        #expect(throws: AsyncStateCodecError.notAnEnvelope) { try codec.decode([]) }
+        #expect(throws: AsyncStateCodecError.notAnEnvelope) { try codec.decode(Array("{\"a\":1}".utf8)) }
+        #expect(throws: AsyncStateCodecError.notAnEnvelope) { try codec.decode(Array(payload.prefix(7))) }
+        #expect(throws: AsyncStateCodecError.unknownFormat(2)) {
+            try codec.decode([0x41, 0x53, 0x4C, 0x32, 2] + payload.dropFirst(5))
+        }
+        #expect(throws: AsyncStateCodecError.otherTag("json")) {
+            try AsyncStateCodec<Int>.json(tag: "jsov").decode(payload)
+        }
+        #expect(throws: AsyncStateCodecError.self) { try AsyncStateCodec<String>.json.decode(payload) }
+    }
+
+    @Test func aLongTagKeepsItsFirst255Bytes() throws {
+        let codec = AsyncStateCodec<Int>.json(tag: String(repeating: "t", count: 300))
+        #expect(codec.tag.utf8.count == 255)
+        #expect(try codec.decode(codec.encode(3)) == 3)
+    }
+}
