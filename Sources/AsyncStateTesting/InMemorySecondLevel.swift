@@ -46,6 +46,8 @@ public final class InMemorySecondLevel: AsyncStateSecondLevel, Sendable {
         public var leasesAcquired = 0
         /// Lease requests answered with another holder's lease.
         public var leasesHeld = 0
+        /// Invalidations (of a key or of a prefix).
+        public var invalidations = 0
     }
 
     /// What a call throws while the second level is down (``isDown``).
@@ -112,6 +114,42 @@ public final class InMemorySecondLevel: AsyncStateSecondLevel, Sendable {
 
     public func releaseLease(on key: String, token: UInt64) async throws {
         try await releaseLease(on: key, token: token, from: nil)
+    }
+
+    public func invalidate(_ key: String) async throws -> UInt64 {
+        try await invalidate(key, from: nil)
+    }
+
+    public func invalidateAll(withPrefix prefix: String) async throws {
+        try await invalidateAll(withPrefix: prefix, from: nil)
+    }
+
+    /// Marks the entry stale with a new version (a marker with no payload if there is none), and
+    /// drops the key's lease: a load that starts now is not held up by one that started before the
+    /// change, whose write the new version refuses.
+    fileprivate func invalidate(_ key: String, from replica: Int?) async throws -> UInt64 {
+        try await call(from: replica) { state, _ in
+            state.counts.invalidations += 1
+            let floor = max(state.lastTokens[key] ?? 0, state.entries[key]?.version ?? 0)
+            guard floor < .max else { throw Unavailable() }
+            let version = floor + 1
+            state.lastTokens[key] = version
+            state.leases[key] = nil
+            var entry =
+                state.entries[key]
+                ?? AsyncStateStoredEntry(payload: [], succeededAt: .distantPast, freshUntil: .distantPast, version: 0)
+            entry.freshUntil = .distantPast
+            entry.version = version
+            state.entries[key] = entry
+            return version
+        }
+    }
+
+    fileprivate func invalidateAll(withPrefix prefix: String, from replica: Int?) async throws {
+        try await call(from: replica) { state, _ in
+            state.counts.invalidations += 1
+            for key in state.entries.keys where key.hasPrefix(prefix) { state.entries[key]?.freshUntil = .distantPast }
+        }
     }
 
     fileprivate func read(_ key: String, from replica: Int?) async throws -> AsyncStateStoredEntry? {
@@ -218,6 +256,14 @@ public final class InMemorySecondLevel: AsyncStateSecondLevel, Sendable {
 
         public func releaseLease(on key: String, token: UInt64) async throws {
             try await level.releaseLease(on: key, token: token, from: id)
+        }
+
+        public func invalidate(_ key: String) async throws -> UInt64 {
+            try await level.invalidate(key, from: id)
+        }
+
+        public func invalidateAll(withPrefix prefix: String) async throws {
+            try await level.invalidateAll(withPrefix: prefix, from: id)
         }
     }
 }

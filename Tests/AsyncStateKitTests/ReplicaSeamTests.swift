@@ -51,8 +51,15 @@ import Testing
     }
 
     @Test func aPayloadWithFieldsThisReleaseDoesNotKnowIsReadWithoutThem() throws {
-        let newer = #"{"topic":"tenants","key":"acme","version":7,"origin":{"replica":"b"}}"#
+        let newer = #"{"topic":"tenants","key":"acme","epoch":7,"origin":{"replica":"b"}}"#
         #expect(try AsyncStateInvalidation(payload: newer) == AsyncStateInvalidation(topic: "tenants", key: "acme"))
+        // A second level's version is read; one that is not an unsigned 64-bit integer is refused.
+        let versioned = AsyncStateInvalidation(topic: "tenants", key: "acme", version: 7)
+        #expect(try versioned.payload() == #"{"key":"acme","topic":"tenants","version":7}"#)
+        #expect(try AsyncStateInvalidation(payload: versioned.payload()) == versioned)
+        #expect(throws: AsyncStateInvalidation.PayloadError.self) {
+            try AsyncStateInvalidation(payload: #"{"topic":"tenants","version":-1}"#)
+        }
         #expect(
             try AsyncStateInvalidation(payload: #"{"topic":"config","traceparent":"00-x"}"#)
                 == AsyncStateInvalidation(topic: "config"))

@@ -252,10 +252,11 @@ import Testing
     /// Seeded random schedules over 4 replicas: misses at random instants, sources of random
     /// duration (some past the lease, so that a wait runs out and a replica calls its source without
     /// the lease), leases lost and outages of the second level at random (a replica then calls its
-    /// source directly, and later finds older entries there), invalidations of a replica's entry. The versions in the second level only grow and each keeps
+    /// source directly, and later finds older entries there), invalidations of a replica's entry,
+    /// and changes whose versioned messages reach the replicas late and out of order. The versions in the second level only grow and each keeps
     /// one value; each replica's data only gets newer (its success dates, and the source's counter,
     /// read when the source answers, never go back).
-    @Test(arguments: [1, 2, 3, 4, 5, 6, 7, 8] as [UInt64])
+    @Test(arguments: Array(1...16) as [UInt64])
     func versionsNeverGoBackwardsUnderRandomSchedules(seed: UInt64) async throws {
         var random = SplitMix64(seed: seed)
         let clock = VirtualClock()
@@ -266,6 +267,7 @@ import Testing
         var payloads: [UInt64: [UInt8]] = [:]
         var lastVersion: UInt64 = 0
         var lastDates = [Date?](repeating: nil, count: 4)
+        var pending: [(replica: Int, version: UInt64)] = []
         for _ in 0..<200 {
             let replica = Int.random(in: 0..<4, using: &random)
             let duration = Duration.milliseconds(Int.random(in: 1...4_000, using: &random))
@@ -286,6 +288,16 @@ import Testing
             if Int.random(in: 0..<12, using: &random) == 0 { level.isDown.toggle() }
             if Int.random(in: 0..<6, using: &random) == 0 {
                 replicas[Int.random(in: 0..<4, using: &random)].family.invalidate(1)
+            }
+            // A change: the key marked stale in the second level with a new version, announced to
+            // every replica by a message that arrives later, in any order with the others.
+            if Int.random(in: 0..<8, using: &random) == 0, let version = try? await level.invalidate("numbers:1") {
+                for replica in 0..<4 { pending.append((replica, version)) }
+            }
+            pending.shuffle(using: &random)
+            while let delivery = pending.last, Int.random(in: 0..<3, using: &random) == 0 {
+                pending.removeLast()
+                replicas[delivery.replica].family.core.invalidate(1, version: delivery.version)
             }
             await clock.advance(by: .milliseconds(Int.random(in: 0...700, using: &random)))
             if let entry = level.entry(for: "numbers:1") {
@@ -308,6 +320,156 @@ import Testing
             lastSeen[replica] = max(lastSeen[replica], value)
         }
         #expect(lastVersion > 1)
+    }
+}
+
+/// Invalidations across replicas with a second level: the change is loaded once for the fleet, and
+/// messages carry versions.
+@Suite struct SecondLevelInvalidationTests {
+    /// One replica of a service with a second level: its family, its invalidator on the network.
+    struct Node {
+        let family: AsyncStateFamily<Int, Int>
+        let invalidator: AsyncStateInvalidator
+        let bus: InMemoryInvalidationNetwork.Bus
+        let runner: Task<Void, Never>
+
+        init(level: InMemorySecondLevel, network: InMemoryInvalidationNetwork, clock: VirtualClock) async {
+            family = AsyncStateFamily<Int, Int>(
+                expiry: .seconds(120), clock: clock,
+                secondLevel: AsyncStateSecondLevelOptions(level: level.replica(), namespace: "numbers", codec: .json))
+            bus = network.bus()
+            invalidator = AsyncStateInvalidator(bus: bus, invalidateAllInterval: .zero, clock: clock)
+            invalidator.subscribe(family, to: "numbers")
+            let invalidator = invalidator
+            runner = Task { await invalidator.run() }
+            let bus = bus
+            _ = await soon { bus.listenerCount == 1 && invalidator.deliveriesApplied == 1 }
+        }
+    }
+
+    /// Three replicas hold a key; a change made through one of them (its invalidator marks the key
+    /// stale in the second level, with a new version, and tells the others): every replica then
+    /// serves the new value, for one more source call in all, not three.
+    @Test func aChangeThroughOneReplicaIsLoadedOnceForTheFleet() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let network = InMemoryInvalidationNetwork()
+        let source = LockedValue((calls: 0, value: 1))
+        let operation: @Sendable (Int) async throws -> Int = { _ in
+            source.withLock { source in
+                source.calls += 1
+                return source.value
+            }
+        }
+        var nodes: [Node] = []
+        for _ in 0..<3 { nodes.append(await Node(level: level, network: network, clock: clock)) }
+        for node in nodes { #expect(try await node.family.value(for: 7, operation) == 1) }
+        #expect(source.withLock { $0.calls } == 1)
+
+        source.withLock { $0.value = 2 }
+        try await nodes[0].invalidator.invalidate("numbers", key: "7")
+        #expect(level.entry(for: "numbers:7")?.version == 2)
+        #expect(await soon { nodes.allSatisfy { $0.family.snapshot(for: 7)?.isExpired == true } })
+        for node in nodes { #expect(try await node.family.value(for: 7, operation) == 2) }
+        #expect(source.withLock { $0.calls } == 2)
+        #expect(level.entry(for: "numbers:7")?.version == 3)
+        for node in nodes { node.runner.cancel() }
+    }
+
+    /// A replica whose data is already the message's version (or newer) ignores it: a duplicate, a
+    /// replay or a late message costs nothing; one with an older version invalidates and takes no
+    /// entry older than the version it names.
+    @Test func aReplicaThatHoldsTheVersionIgnoresTheMessage() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let network = InMemoryInvalidationNetwork()
+        let node = await Node(level: level, network: network, clock: clock)
+        let calls = LockedValue(0)
+        let operation: @Sendable (Int) async throws -> Int = { key in
+            calls.withLock { calls in
+                calls += 1
+                return key * 100 + calls
+            }
+        }
+        #expect(try await node.family.value(for: 4, operation) == 401)  // version 1
+        let applied = node.invalidator.deliveriesApplied
+        for _ in 0..<1_000 {
+            node.invalidator.apply(.invalidate(AsyncStateInvalidation(topic: "numbers", key: "4", version: 1)))
+        }
+        #expect(node.invalidator.deliveriesApplied == applied + 1_000)
+        #expect(node.family.snapshot(for: 4)?.isExpired == false)
+        #expect(try await node.family.value(for: 4, operation) == 401)
+        #expect(calls.withLock { $0 } == 1)
+
+        // Version 5 is newer: the entry (version 1) is not taken; the key is loaded, once, for
+        // however many copies of the message arrive.
+        for _ in 0..<1_000 {
+            node.invalidator.apply(.invalidate(AsyncStateInvalidation(topic: "numbers", key: "4", version: 5)))
+        }
+        #expect(node.family.snapshot(for: 4)?.isExpired == true)
+        #expect(try await node.family.value(for: 4, operation) == 402)
+        #expect(calls.withLock { $0 } == 2)
+        #expect(level.entry(for: "numbers:4")?.version == 2)
+        node.runner.cancel()
+    }
+
+    /// A message without a version still invalidates a family with a second level (a sender whose
+    /// second level failed, or without one), and one for a state without a second level ignores the
+    /// version.
+    @Test func aMessageWithoutAVersionStillInvalidates() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let network = InMemoryInvalidationNetwork()
+        let node = await Node(level: level, network: network, clock: clock)
+        let plain = AsyncStateFamily<Int, Int>(expiry: .seconds(120), clock: clock)
+        node.invalidator.subscribe(plain, to: "numbers")
+        _ = try await node.family.value(for: 1) { $0 }
+        _ = try await plain.value(for: 1) { $0 }
+        node.invalidator.apply(.invalidate(AsyncStateInvalidation(topic: "numbers", key: "1")))
+        #expect(node.family.snapshot(for: 1)?.isExpired == true)
+        #expect(plain.snapshot(for: 1)?.isExpired == true)
+        _ = try await plain.value(for: 1) { $0 }
+        node.invalidator.apply(.invalidate(AsyncStateInvalidation(topic: "numbers", key: "1", version: 9)))
+        #expect(plain.snapshot(for: 1)?.isExpired == true)
+        node.runner.cancel()
+    }
+
+    /// A refresh goes to the source even when the second level holds a fresh entry, and writes a
+    /// newer version.
+    @Test func aRefreshLoadsFromTheSource() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let network = InMemoryInvalidationNetwork()
+        let (a, b) = (
+            await Node(level: level, network: network, clock: clock),
+            await Node(level: level, network: network, clock: clock)
+        )
+        let calls = LockedValue(0)
+        let operation: @Sendable (Int) async throws -> Int = { _ in
+            calls.withLock {
+                $0 += 1
+                return $0
+            }
+        }
+        #expect(try await a.family.value(for: 2, operation) == 1)
+        #expect(try await b.family.value(for: 2, operation) == 1)
+        await b.family.refresh(for: 2, operation)
+        #expect(b.family[2] == 2)
+        #expect(calls.withLock { $0 } == 2)
+        #expect(level.entry(for: "numbers:2")?.version == 2)
+        a.runner.cancel()
+        b.runner.cancel()
+    }
+
+    /// The version is signed: a message whose version was changed on the way is rejected.
+    @Test func theVersionIsSigned() {
+        let signed = AsyncStateInvalidation(topic: "numbers", key: "4", version: 5)
+        var changed = signed
+        changed.version = 6
+        #expect(signed.signedContent == "7:numbers1:4@5")
+        #expect(signed.signedContent != changed.signedContent)
+        #expect(AsyncStateInvalidation(topic: "numbers", key: "4").signedContent == "7:numbers1:4")
+        #expect(signed.description == "numbers/4@5")
     }
 }
 

@@ -287,7 +287,10 @@ extension AsyncStateFamily {
         }
         return Self.answered(
             try await store.fetch(
-                request, policy: retry, secondLevel.operation(for: key, in: store) { try await operation(key) }))
+                request, policy: retry,
+                secondLevel.operation(for: key, in: store, fromSource: request == .refresh) {
+                    try await operation(key)
+                }))
     }
 
     /// A value a key's store answered with. A store answers with a value only after a success or a

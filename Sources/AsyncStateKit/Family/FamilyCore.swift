@@ -385,12 +385,14 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     }
 
     /// Marks `key`'s data expired.
-    @inlinable func invalidate(_ key: Key) {
+    @inlinable func invalidate(_ key: Key, version: UInt64? = nil) {
         let now = clock.now()
-        guard let entry = shard(for: key).withLock({ $0.invalidateIfCompact(key, at: now) }) else { return }
+        guard let entry = shard(for: key).withLock({ $0.invalidateIfCompact(key, at: now, version: version) }) else {
+            return
+        }
         switch entry {
         case .live(let store):
-            store.invalidate()
+            store.invalidate(version: version)
         case .compact:
             reportInvalidated(key)
         }

@@ -108,7 +108,7 @@ extension FamilyShard {
         return Data(
             atRest: table.records[position].value, phase: metadata.phase, freshSince: table.records[position].freshness,
             receivedAt: metadata.receivedAt, lastError: metadata.lastError, lastSuccess: metadata.lastSuccess,
-            successCount: metadata.successCount, restoredUntil: metadata.restoredUntil)
+            successCount: metadata.successCount, restoredUntil: metadata.restoredUntil, version: metadata.version)
     }
 
     // MARK: Reads that are not uses

@@ -48,8 +48,11 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         @usableFromInline var restoredUntilNanoseconds: WholeNanoseconds
         /// ``receivedAt``, in whole nanoseconds.
         @usableFromInline var receivedNanoseconds: WholeNanoseconds
+        /// See ``StateData/version``.
+        @usableFromInline var version: UInt64
 
         @inlinable init(_ data: Data) {
+            version = data.version
             phase = data.phase
             lastError = data.lastError
             lastSuccessSeconds = data.lastSuccess?.timeIntervalSinceReferenceDate ?? .nan
@@ -342,11 +345,18 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// Marks `key`'s compact data expired (``StateData/invalidate(now:expiry:)``, as a store's), and
     /// returns `.compact`; returns a live entry's store instead (for the caller to invalidate); `nil`
     /// without an entry.
-    @inlinable mutating func invalidateIfCompact(_ key: Key, at now: Duration) -> Entry? {
+    /// With a second-level `version`, a compact entry that is that version or newer is left as it
+    /// is (`nil`), and one that is older learns the version (see
+    /// ``FetchStateMachine/invalidate(now:version:)``).
+    @inlinable mutating func invalidateIfCompact(_ key: Key, at now: Duration, version: UInt64? = nil) -> Entry? {
         guard let slot = table.slot(of: key) else { return nil }
         if let store = table.records[table.at(Int(slot))].store { return .live(store) }
+        if let version, metadata[Int(slot)]!.version >= version { return nil }
         let expiry = configuration.expiry
-        settle(Int(slot)) { _ = $0.invalidate(now: now, expiry: expiry) }
+        settle(Int(slot)) { data in
+            if let version { data.version = version }
+            _ = data.invalidate(now: now, expiry: expiry)
+        }
         return entry(at: Int(slot))
     }
 

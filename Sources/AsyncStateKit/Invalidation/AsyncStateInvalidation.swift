@@ -25,31 +25,41 @@ public struct AsyncStateInvalidation: Sendable, Hashable, Codable, CustomStringC
     /// receiving replica's observer finds it in ``AsyncStateEvent/invalidation``. Not signed: it
     /// changes what is reported, never what is invalidated.
     public var metadata: [String: String]?
+    /// The second-level version the change made current for `key` (see ``AsyncStateSecondLevel``):
+    /// a replica whose data is that version or newer ignores the message, and one whose data is
+    /// older takes no older entry from the second level afterwards. `nil`: no second level, or it
+    /// failed. Signed, with the topic, key and tag.
+    public var version: UInt64?
 
     /// A message about `topic`, or one `key` of it, or the entries carrying `tag`.
     public init(
         topic: String, key: String? = nil, tag: String? = nil, signature: String? = nil,
-        metadata: [String: String]? = nil
+        metadata: [String: String]? = nil, version: UInt64? = nil
     ) {
         self.topic = topic
         self.key = key
         self.tag = tag
         self.signature = signature
         self.metadata = metadata
+        self.version = version
     }
 
-    /// `topic`, `topic/key`, `topic#tag` or `topic/key#tag`.
-    public var description: String { (key.map { "\(topic)/\($0)" } ?? topic) + (tag.map { "#\($0)" } ?? "") }
+    /// `topic`, `topic/key`, `topic#tag` or `topic/key#tag`, then `@version` if it has one.
+    public var description: String {
+        (key.map { "\(topic)/\($0)" } ?? topic) + (tag.map { "#\($0)" } ?? "") + (version.map { "@\($0)" } ?? "")
+    }
 
     /// What a signature covers: the topic, the key and the tag, each with its length in UTF-8 bytes, so that
     /// no two messages share it (`"t/a", "b"` and `"t", "a/b"` differ) and no encoding detail of
-    /// the payload (its field order, its escapes) changes it.
+    /// the payload (its field order, its escapes) changes it; then the version.
     public var signedContent: String {
-        // A tag is appended only when there is one, so that a message without one is signed as
-        // before tags (replicas of both releases accept each other's messages). Unambiguous: what
-        // precedes `#` is `-` or a length-prefixed key.
+        // A tag and a version are appended only when there is one, so that a message without them
+        // is signed as before they existed (replicas of both releases accept each other's messages;
+        // an older release rejects a message with a version, and its data expires as it would
+        // without the bus). Unambiguous: what precedes `#` is `-` or a length-prefixed key or tag,
+        // and `@` follows only those.
         "\(topic.utf8.count):\(topic)" + (key.map { "\($0.utf8.count):\($0)" } ?? "-")
-            + (tag.map { "#\($0.utf8.count):\($0)" } ?? "")
+            + (tag.map { "#\($0.utf8.count):\($0)" } ?? "") + (version.map { "@\($0)" } ?? "")
     }
 }
 
@@ -87,7 +97,7 @@ extension AsyncStateInvalidation {
     public static var maximumPayloadBytes: Int { 7_900 }
 
     /// This message as a bus payload: compact JSON (`{"key":"…","signature":"…","topic":"…"}`, the
-    /// key, the tag, the signature and the metadata only if it has them).
+    /// key, the tag, the signature, the metadata and the version only if it has them).
     ///
     /// - Throws: ``PayloadError/tooLong(bytes:)`` when the topic and key are too long to send.
     public func payload() throws(PayloadError) -> String {
@@ -102,7 +112,8 @@ extension AsyncStateInvalidation {
 
     /// Reads a payload that another replica wrote with ``payload()``: a JSON object with a non-empty
     /// string `topic` and, optionally, a string `key`, `tag` and `signature` (which it reads, not
-    /// checks: ``AsyncStateInvalidator`` does) and a `metadata` object of strings. Fields it does not know are ignored, so that a
+    /// checks: ``AsyncStateInvalidator`` does), a `metadata` object of strings and an unsigned
+    /// 64-bit `version`. Fields it does not know are ignored, so that a
     /// replica of a newer release, which may send more, is still understood during a rolling
     /// upgrade. Anything else is refused: a bus that receives a payload it cannot read should log it
     /// and go on (it is someone else's message, or a damaged one), never crash.

@@ -73,8 +73,12 @@ public final class AsyncStateInvalidator: Sendable {
     private struct Subscription: Sendable {
         /// Whether the subscriber still exists.
         let isAlive: @Sendable () -> Bool
-        /// Invalidates the subscriber: what `target` names; `false` once it is gone.
-        let invalidate: @Sendable (_ target: Target) -> Bool
+        /// Invalidates the subscriber: what `target` names, unless its data is that second-level
+        /// `version` or newer; `false` once it is gone.
+        let invalidate: @Sendable (_ target: Target, _ version: UInt64?) -> Bool
+        /// For a family with a second level: marks `target` stale there before a change made here
+        /// is announced; the key's new version (`nil` for a tag or a whole topic, or on a fault).
+        var invalidateSecondLevel: (@Sendable (_ target: Target) async -> UInt64?)?
     }
 
     /// What a message invalidates in a subscriber.
@@ -121,7 +125,7 @@ public final class AsyncStateInvalidator: Sendable {
         let store = WeakBox(state.store)
         add(
             topic, isAlive: { store.value != nil },
-            invalidate: { _ in
+            invalidate: { _, _ in
                 guard let store = store.value else { return false }
                 store.invalidate()
                 return true
@@ -169,29 +173,64 @@ public final class AsyncStateInvalidator: Sendable {
         keys: @escaping @Sendable (String, FamilyCore<Key, Value>) -> [Key]
     ) {
         let core = WeakBox(family.core)
+        // With a second level, a keyed message's version applies (without one, it means nothing
+        // here), and a change made here is marked there first.
+        let hasSecondLevel = family.core.secondLevel != nil
+        var invalidateSecondLevel: (@Sendable (Target) async -> UInt64?)?
+        if hasSecondLevel {
+            invalidateSecondLevel = { target in
+                guard let secondLevel = core.value?.secondLevel else { return nil }
+                switch target {
+                case .key(let key): return await secondLevel.invalidate(secondLevel.key(for: key))
+                case .tag, .all:
+                    // The second level knows no tags: every entry of the family goes stale there.
+                    _ = await secondLevel.invalidateAll()
+                    return nil
+                }
+            }
+        }
         add(
             topic, isAlive: { core.value != nil },
-            invalidate: { target in
+            invalidate: { target, version in
                 guard let core = core.value else { return false }
                 switch target {
-                case .key(let key): for match in keys(key, core) { core.invalidate(match) }
+                case .key(let key):
+                    for match in keys(key, core) { core.invalidate(match, version: hasSecondLevel ? version : nil) }
                 case .tag(let tag): core.invalidate(tag: tag)
                 case .all: core.invalidate { _ in true }
                 }
                 return true
-            })
+            },
+            invalidateSecondLevel: invalidateSecondLevel)
     }
 
     /// Invalidates `topic` (or one `key` of it) here at once, then publishes it to the other
     /// replicas, signed if the invalidator has an authenticator.
     ///
+    /// A family with a second level (see ``AsyncStateSecondLevelOptions``) has the key marked stale
+    /// there first, so that no replica takes the old entry from it, and the message carries the
+    /// key's new version: a replica whose data is already that version ignores it, and the next
+    /// read of the key on any replica loads it once for all of them (through the key's lease).
+    ///
     /// - Throws: The bus's error when it could not publish; this replica is invalidated anyway.
     public func invalidate(_ topic: String, key: String? = nil) async throws {
-        let message = AsyncStateInvalidation(topic: topic, key: key, metadata: metadata?())
-        InvalidationCause.$message.withValue(message) {
-            invalidate(key.map(Target.key) ?? .all, in: subscribers(of: topic))
-        }
+        let subscribers = subscribers(of: topic)
+        let target = key.map(Target.key) ?? .all
+        let version = await invalidateSecondLevels(target, of: subscribers)
+        let message = AsyncStateInvalidation(topic: topic, key: key, metadata: metadata?(), version: version)
+        InvalidationCause.$message.withValue(message) { invalidate(target, version: version, in: subscribers) }
         try await publish(message)
+    }
+
+    /// Marks `target` stale in the second levels of `subscribers`; the key's new version when exactly
+    /// one of them gave one (versions of different second levels are not comparable).
+    private func invalidateSecondLevels(_ target: Target, of subscribers: [Subscription]) async -> UInt64? {
+        var versions: [UInt64?] = []
+        for subscriber in subscribers {
+            guard let invalidateSecondLevel = subscriber.invalidateSecondLevel else { continue }
+            versions.append(await invalidateSecondLevel(target))
+        }
+        return versions.count == 1 ? versions[0] : nil
     }
 
     /// Invalidates the entries carrying `tag` in the families subscribed to `topic` (see
@@ -200,8 +239,10 @@ public final class AsyncStateInvalidator: Sendable {
     ///
     /// - Throws: The bus's error when it could not publish; this replica is invalidated anyway.
     public func invalidate(_ topic: String, tag: String) async throws {
+        let subscribers = subscribers(of: topic)
+        _ = await invalidateSecondLevels(.tag(tag), of: subscribers)
         let message = AsyncStateInvalidation(topic: topic, tag: tag, metadata: metadata?())
-        InvalidationCause.$message.withValue(message) { invalidate(.tag(tag), in: subscribers(of: topic)) }
+        InvalidationCause.$message.withValue(message) { invalidate(.tag(tag), in: subscribers) }
         try await publish(message)
     }
 
@@ -259,7 +300,9 @@ public final class AsyncStateInvalidator: Sendable {
             // the whole topic. The states' observers see the message (a whole topic held back by the
             // rate limit is applied later without it).
             InvalidationCause.$message.withValue(message) {
-                if let key = message.key { invalidate(.key(key), in: subscribers(of: message.topic)) }
+                if let key = message.key {
+                    invalidate(.key(key), version: message.version, in: subscribers(of: message.topic))
+                }
                 if let tag = message.tag { invalidate(.tag(tag), in: subscribers(of: message.topic)) }
                 if message.key == nil, message.tag == nil { invalidateWhole([message.topic]) }
             }
@@ -319,9 +362,9 @@ public final class AsyncStateInvalidator: Sendable {
 
     /// Invalidates `target` of `subscribers`, outside every lock (invalidating runs the states'
     /// observers); drops the subscriptions whose subscriber is gone.
-    private func invalidate(_ target: Target, in subscribers: [Subscription]) {
+    private func invalidate(_ target: Target, version: UInt64? = nil, in subscribers: [Subscription]) {
         var gone = false
-        for subscriber in subscribers where !subscriber.invalidate(target) { gone = true }
+        for subscriber in subscribers where !subscriber.invalidate(target, version) { gone = true }
         if gone { prune() }
     }
 
@@ -332,11 +375,14 @@ public final class AsyncStateInvalidator: Sendable {
     }
 
     private func add(
-        _ topic: String, isAlive: @escaping @Sendable () -> Bool, invalidate: @escaping @Sendable (Target) -> Bool
+        _ topic: String, isAlive: @escaping @Sendable () -> Bool,
+        invalidate: @escaping @Sendable (Target, UInt64?) -> Bool,
+        invalidateSecondLevel: (@Sendable (Target) async -> UInt64?)? = nil
     ) {
         prune()
         subscriptions.withLock {
-            $0[topic, default: []].append(Subscription(isAlive: isAlive, invalidate: invalidate))
+            $0[topic, default: []].append(
+                Subscription(isAlive: isAlive, invalidate: invalidate, invalidateSecondLevel: invalidateSecondLevel))
         }
     }
 

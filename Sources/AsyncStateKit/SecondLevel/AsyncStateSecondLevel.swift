@@ -16,13 +16,16 @@ public import Foundation
 /// source, as without one) until a backoff has passed: a fault never fails a hit and never hangs a
 /// miss.
 ///
-/// Implementations must keep two rules:
+/// Implementations must keep these rules:
 /// - **Versions never go backwards.** ``write(_:for:)`` stores an entry only if its version is
 ///   greater than the stored one's.
 /// - **Lease tokens grow.** The token ``acquireLease(on:for:)`` returns is greater than every token
 ///   it returned before for that key and than the version stored for it: a holder writes its entry
 ///   with its token as the version, so a holder that lost its lease (it ran past the lease's
 ///   expiry, and another took it) cannot overwrite a newer holder's write.
+/// - **An invalidation is a version too.** ``invalidate(_:)`` stores a version greater than every
+///   earlier one and makes the entry stale, so that a holder that loaded before the change cannot
+///   write its older value over it.
 public protocol AsyncStateSecondLevel: Sendable {
     /// The entry stored for `key`, or `nil`.
     func read(_ key: String) async throws -> AsyncStateStoredEntry?
@@ -38,6 +41,15 @@ public protocol AsyncStateSecondLevel: Sendable {
     /// Gives back the lease `token` holds on `key`; does nothing if the lease has expired or another
     /// holder has taken it since.
     func releaseLease(on key: String, token: UInt64) async throws
+
+    /// Marks `key`'s entry stale (its source changed) and returns a new version for it: greater than
+    /// every version stored and every token given for it, and stored with the entry (or with no
+    /// entry, as a marker), so that no write of an older version lands afterwards. Later tokens are
+    /// greater still.
+    func invalidate(_ key: String) async throws -> UInt64
+
+    /// Marks stale every entry whose key starts with `prefix` (a family's namespace and its colon).
+    func invalidateAll(withPrefix prefix: String) async throws
 }
 
 /// An entry as a second level stores it: the encoded value, when its source answered, until when it

@@ -25,9 +25,10 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
 
     /// What a load answered with.
     enum Loaded {
-        /// The source's value (this replica called it).
+        /// The source's value, which this replica fetched without writing it to the second level.
         case source(Value)
-        /// A value another replica's source answered with, read from the second level.
+        /// A value with its second-level version: one another replica's source answered with, read
+        /// from the second level, or the one this replica fetched and wrote as the lease's holder.
         case arrived(Value, RemoteArrival)
     }
 
@@ -54,14 +55,19 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     /// An entry no newer than the value `store` holds (by its source's answer) is not taken: a
     /// replica's data never gets older, even after it called its source without the lease (the second
     /// level was down, or a wait ran out).
+    ///
+    /// With `fromSource` (a refresh), it takes no entry: it loads from the source as the lease's
+    /// holder, once any other holder's lease is over.
     @usableFromInline
     func operation<Key>(
-        for key: Key, in store: AsyncStateStore<Value?>, _ operation: @escaping @Sendable () async throws -> Value
+        for key: Key, in store: AsyncStateStore<Value?>, fromSource: Bool = false,
+        _ operation: @escaping @Sendable () async throws -> Value
     ) -> @Sendable () async throws -> Value? {
         let key = self.key(for: String(describing: key))
         return { [self, weak store] in
-            let held = store.flatMap { $0.cell.snapshot(at: clock.now()).lastSuccess }
-            switch try await load(key, newerThan: held, operation) {
+            let (held, version) =
+                store?.core.withLock { ($0.machine.data.lastSuccess, $0.machine.data.version) } ?? (nil, 0)
+            switch try await load(key, newerThan: held, atLeast: version, fromSource: fromSource, operation) {
             case .source(let value): return value
             case .arrived(let value, let arrival): throw SecondLevelArrival<Value?>(value: value, arrival: arrival)
             }
@@ -71,9 +77,12 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     /// Loads `key`'s value: from the second level if it holds a fresh one, else from `operation`
     /// as the lease's holder (writing it), else from the holder's write; from `operation` directly
     /// when the second level fails.
-    func load(_ key: String, newerThan held: Date?, _ operation: @Sendable () async throws -> Value)
-        async throws -> Loaded
-    {
+    /// An entry is taken only if its source answered after `held` (the date of the value this
+    /// replica holds) and its version is at least `minimum` (the version this replica knows exists).
+    func load(
+        _ key: String, newerThan held: Date?, atLeast minimum: UInt64, fromSource: Bool = false,
+        _ operation: @Sendable () async throws -> Value
+    ) async throws -> Loaded {
         let skip = health.withLock { health -> Bool in
             guard let until = health.skippedUntil, clock.now() < until else { return false }
             health.statistics.skipped += 1
@@ -81,16 +90,18 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         }
         if skip { return .source(try await operation()) }
         do {
-            return try await loadThroughSecondLevel(key, newerThan: held, operation)
+            return try await loadThroughSecondLevel(
+                key, newerThan: held, atLeast: minimum, fromSource: fromSource, operation)
         } catch is Fault {
             return .source(try await operation())
         }
     }
 
     private func loadThroughSecondLevel(
-        _ key: String, newerThan held: Date?, _ operation: @Sendable () async throws -> Value
+        _ key: String, newerThan held: Date?, atLeast minimum: UInt64, fromSource: Bool,
+        _ operation: @Sendable () async throws -> Value
     ) async throws -> Loaded {
-        if let fresh = try await freshEntry(key, newerThan: held) { return fresh }
+        if !fromSource, let fresh = try await freshEntry(key, newerThan: held, atLeast: minimum) { return fresh }
         let giveUpAt = clock.now().saturatingAdd(options.maximumWait)
         var waited = false
         while true {
@@ -110,7 +121,9 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
                 let wake = min(
                     now.saturatingAdd(options.pollInterval), now.saturatingAdd(max(expiresIn, .zero)), giveUpAt)
                 try await clock.sleep(max(wake, now))
-                if let fresh = try await freshEntry(key, newerThan: held) { return fresh }
+                if !fromSource, let fresh = try await freshEntry(key, newerThan: held, atLeast: minimum) {
+                    return fresh
+                }
                 if clock.now() >= giveUpAt {
                     count { $0.waitsRunOut += 1 }
                     return .source(try await operation())
@@ -139,13 +152,18 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         let entry = AsyncStateStoredEntry(
             payload: payload, succeededAt: date, freshUntil: date.addingTimeInterval(lifetime.timeInterval),
             version: token)
-        let written = try? await bounded { [options] in try await options.level.write(entry, for: key) }
-        if written == false {
-            // A newer holder wrote first (this one outlived its lease): its value is newer than this.
+        switch try? await bounded({ [options] in try await options.level.write(entry, for: key) }) {
+        case true?:
+            return .arrived(value, RemoteArrival(age: .zero, lifetime: lifetime, date: date, version: token))
+        case false?:
+            // A newer holder wrote first (this one outlived its lease), or the key was invalidated
+            // since: the entry there is newer than this value.
             count { $0.refusedWrites += 1 }
-            if let fresh = try? await freshEntry(key, newerThan: nil) { return fresh }
+            if let fresh = try? await freshEntry(key, newerThan: nil, atLeast: token) { return fresh }
+            return .source(value)
+        case nil:
+            return .source(value)
         }
-        return .source(value)
     }
 
     /// Gives the lease back, within the timeout; a fault only counts.
@@ -155,9 +173,10 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
 
     /// The key's entry as an answer, if the second level holds a fresh one that decodes, and that
     /// its source answered after `held` (the date of the value this replica holds, if any).
-    private func freshEntry(_ key: String, newerThan held: Date?) async throws -> Loaded? {
+    private func freshEntry(_ key: String, newerThan held: Date?, atLeast minimum: UInt64) async throws -> Loaded? {
         guard let entry = try await bounded({ [options] in try await options.level.read(key) }) else { return nil }
-        if let held, entry.succeededAt <= held { return nil }
+        guard entry.version >= minimum else { return nil }
+        if let held, entry.succeededAt < held { return nil }
         let value: Value
         do {
             value = try options.codec.decode(entry.payload)
@@ -172,7 +191,34 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             Duration.clamped(seconds: entry.freshUntil.timeIntervalSince(date)), lifetime(value) - age)
         guard remaining > .zero else { return nil }
         count { $0.hits += 1 }
-        return .arrived(value, RemoteArrival(age: age, lifetime: remaining, date: entry.succeededAt))
+        return .arrived(
+            value, RemoteArrival(age: age, lifetime: remaining, date: entry.succeededAt, version: entry.version))
+    }
+
+    /// Marks `key`'s entry stale in the second level (before a change made through this replica is
+    /// announced to the others); the version its next entry will exceed, or `nil` when the second
+    /// level failed (or is being skipped).
+    func invalidate(_ key: String) async -> UInt64? {
+        guard !isSkipped() else { return nil }
+        return try? await bounded { [options] in try await options.level.invalidate(key) }
+    }
+
+    /// Marks every entry of this family stale in the second level; whether it did.
+    func invalidateAll() async -> Bool {
+        guard !isSkipped() else { return false }
+        return
+            (try? await bounded { [options] in
+                try await options.level.invalidateAll(withPrefix: "\(options.namespace):")
+            })
+            != nil
+    }
+
+    /// Whether the second level is being skipped after a fault.
+    private func isSkipped() -> Bool {
+        health.withLock { health in
+            guard let until = health.skippedUntil, clock.now() < until else { return false }
+            return true
+        }
     }
 
     private func count(_ change: (inout AsyncStateSecondLevelStatistics) -> Void) {

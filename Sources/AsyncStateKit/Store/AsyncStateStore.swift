@@ -360,13 +360,21 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         if let waiter { _ = try await wait(waiter) }
     }
 
-    @inlinable func invalidate() {
+    /// Invalidates the data; with a second-level `version`, only data older than that version (see
+    /// ``FetchStateMachine/invalidate(now:version:)``).
+    @inlinable func invalidate(version: UInt64? = nil) {
         withCore(byCaller: true) { core, effects in
-            if events != nil { effects.invalidation = InvalidationCause.current }
             let now = clock.now()
+            let visible: Bool
+            if let version {
+                guard let changed = core.machine.invalidate(now: now, version: version) else { return }
+                visible = changed
+            } else {
+                visible = core.machine.invalidate(now: now)
+            }
+            if events != nil { effects.invalidation = InvalidationCause.current }
             // Data already expired changes no snapshot, but its freshness must go for every reader
             // (`hasExpired(in:)` with a longer interval): published without notifying subscribers.
-            let visible = core.machine.invalidate(now: now)
             publish(core.machine, at: now, notifying: visible)
             record(.invalidated, in: &effects)
         }

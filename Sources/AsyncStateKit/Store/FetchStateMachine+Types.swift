@@ -299,7 +299,7 @@ extension FetchStateMachine {
     }
 }
 
-/// How old a value from a second level is, and how long it stays fresh (see
+/// How old a value from a second level is, how long it stays fresh, and its version (see
 /// ``FetchStateMachine/Outcome/arrived(_:_:)``).
 @usableFromInline
 struct RemoteArrival: Sendable {
@@ -309,8 +309,10 @@ struct RemoteArrival: Sendable {
     @usableFromInline var lifetime: Duration
     /// The wall date its source answered on.
     @usableFromInline var date: Date
+    /// Its version in the second level.
+    @usableFromInline var version: UInt64
 
-    @inlinable init(age: Duration, lifetime: Duration, date: Date) {
-        (self.age, self.lifetime, self.date) = (age, lifetime, date)
+    @inlinable init(age: Duration, lifetime: Duration, date: Date, version: UInt64) {
+        (self.age, self.lifetime, self.date, self.version) = (age, lifetime, date, version)
     }
 }

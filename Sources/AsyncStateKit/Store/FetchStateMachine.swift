@@ -341,6 +341,15 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         return data.invalidate(now: now, expiry: configuration.expiry)
     }
 
+    /// An invalidation that names the second-level version it makes current: ignored (`nil`) when
+    /// the data is that version or newer already; otherwise ``invalidate(now:)``, and the data
+    /// knows that version exists (a load then takes no older entry).
+    @inlinable mutating func invalidate(now: Duration, version: UInt64) -> Bool? {
+        guard !data.isCurrent(atVersion: version) else { return nil }
+        data.version = version
+        return invalidate(now: now)
+    }
+
     /// `set(_:)`: a manual (or optimistic) write, fresh from `now`. It wins over the flight in flight:
     /// that flight ends and its waiters get `newValue`. Publish.
     @inlinable mutating func set(_ newValue: Value, now: Duration, date: Date) -> EndedFlight {
@@ -573,7 +582,8 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         let report = self.report(at: now)
         let (waiters, handles) = takeFlight()
         data.succeed(
-            value, isEmpty: isEmpty(value), now: now, date: date, freshness: freshness, age: arrival?.age ?? .zero)
+            value, isEmpty: isEmpty(value), now: now, date: date, freshness: freshness, age: arrival?.age ?? .zero,
+            version: arrival?.version ?? 0)
         return .settle(waiters: waiters, result: .success(value), report: report, cancel: handles, answer: answer)
     }
 

@@ -44,6 +44,10 @@ struct StateData<Value: Sendable> {
     @usableFromInline var lastSuccess: Date?
     /// How many fetches have succeeded.
     @usableFromInline var successCount: Int
+    /// The newest second-level version this data is known to be (see ``AsyncStateSecondLevel``): the
+    /// version of the entry it came from, or of an invalidation that said a newer one exists; 0 for
+    /// none. It only grows: a value this replica fetched itself keeps it (that value is newer still).
+    @usableFromInline var version: UInt64 = 0
 
     /// A state that has only its initial value.
     @inlinable init(initialValue: Value) {
@@ -59,8 +63,9 @@ struct StateData<Value: Sendable> {
     @inlinable
     init(
         atRest value: Value, phase: AsyncPhase, freshSince: Duration?, receivedAt: Duration?, lastError: (any Error)?,
-        lastSuccess: Date?, successCount: Int, restoredUntil: Duration?
+        lastSuccess: Date?, successCount: Int, restoredUntil: Duration?, version: UInt64 = 0
     ) {
+        self.version = version
         self.value = value
         self.phase = phase
         self.freshSince = freshSince
@@ -144,11 +149,13 @@ struct StateData<Value: Sendable> {
     /// A fetch succeeded with `newValue` (empty by `isEmpty`) at `now`, on `date`. The value is as
     /// old as its data's freshness says: new at `now`, unless `unchanged` (an appended page).
     /// `age`: how long before `now` the value's source answered (a value another replica fetched),
-    /// which fail-safe's maximum stale age counts.
+    /// which fail-safe's maximum stale age counts; `version`: its second-level version, if it has one.
     @inlinable mutating func succeed(
-        _ newValue: Value, isEmpty: Bool, now: Duration, date: Date, freshness: Freshness, age: Duration = .zero
+        _ newValue: Value, isEmpty: Bool, now: Duration, date: Date, freshness: Freshness, age: Duration = .zero,
+        version: UInt64 = 0
     ) {
         receive(newValue, isEmpty: isEmpty, date: date)
+        self.version = max(self.version, version)
         let arrived = age > .zero ? now.saturatingAdd(.zero - age) : now
         switch freshness {
         case .from(let instant, let shift): (freshSince, receivedAt) = (instant.saturatingAdd(shift), arrived)
@@ -187,6 +194,10 @@ struct StateData<Value: Sendable> {
     /// `invalidate()`: the data is expired now, for every interval; a cached failure is forgotten, and
     /// restored data is no longer answered at once. Returns whether a snapshot changed: only data fresh
     /// at `now` (for `expiry`) becoming expired changes one.
+    /// Whether this data is second-level `version` or newer (an invalidation naming that version
+    /// changes nothing then).
+    @inlinable func isCurrent(atVersion version: UInt64) -> Bool { self.version >= version }
+
     @inlinable mutating func invalidate(now: Duration, expiry: Duration) -> Bool {
         let visible = isFresh(at: now, expiry: expiry)
         freshSince = nil
