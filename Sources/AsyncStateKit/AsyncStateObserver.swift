@@ -262,6 +262,9 @@ public struct AsyncStateEvent: Sendable {
         /// The batch's operation returned (`error` is `nil`) or threw `error`; its keys' fetches
         /// report their own outcomes. Reported with no key.
         case batchEnded(error: (any Error)?)
+        /// What the family's second level did in the key's fetch (see ``AsyncStateSecondLevelOptions``),
+        /// reported from inside the fetch's attempt, before its outcome.
+        case secondLevel(AsyncStateSecondLevelEvent)
     }
 
     /// Why a fetch started.

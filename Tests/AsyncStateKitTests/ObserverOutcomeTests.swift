@@ -51,6 +51,10 @@ final class FlightLedger: AsyncStateObserver {
             case .waitEnded:
                 if let waiter = event.waiter, state.waiting.remove(waiter) != nil { return }
                 state.problems.append("\(key): waitEnded of \(event.waiter.map(String.init(describing:)) ?? "nobody")")
+            case .secondLevel:
+                if event.fetch == nil || state.inFlight[key] != event.fetch {
+                    state.problems.append("\(key): \(event.kind) outside its fetch")
+                }
             case .hit, .servedStale, .failSafe, .softTimeout, .notModified, .attemptFailed, .invalidated,
                 .invalidatedTag, .removed, .batchStarted, .batchEnded:
                 break

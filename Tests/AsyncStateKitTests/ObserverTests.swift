@@ -43,6 +43,7 @@ final class EventLog: AsyncStateObserver {
         case .invalidated: kind = "invalidated"
         case .invalidatedTag(let tag, let entries): kind = "invalidatedTag(\(tag), \(entries) entries)"
         case .removed(let reason): kind = "removed(\(reason))"
+        case .secondLevel(let event): kind = "secondLevel(\(event))"
         }
         lines.withLock { $0.append([event.name, event.key, kind].compactMap { $0 }.joined(separator: " ")) }
     }

@@ -24,6 +24,40 @@ import Testing
         }
     }
 
+    /// The observer hears what the second level did, inside each fetch (between its start and its
+    /// outcome): the holder's load with its version, another replica's wait and hit, a fault.
+    @Test func theObserverHearsTheSecondLevelInsideEachFetch() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock)
+        let log = EventLog()
+        let ledgers = [FlightLedger(), FlightLedger()]  // one per replica: a ledger follows keys
+        let families = (0..<2).map { index in
+            AsyncStateFamily<Int, Int>(
+                clock: clock, name: "r\(index)", observer: Both(first: log, second: ledgers[index]),
+                secondLevel: AsyncStateSecondLevelOptions(level: level.replica(), namespace: "n", codec: .json))
+        }
+        let callers = families.map { family in clock.task { try await family.value(for: 1, source.operation) } }
+        await clock.advance(by: .seconds(1))
+        await clock.advance(by: .milliseconds(25))
+        for caller in callers { #expect(try await caller.value == 11) }
+        level.isDown = true
+        let down = clock.task { try await families[0].value(for: 2, source.operation) }
+        await clock.advance(by: .seconds(1))
+        #expect(try await down.value == 21)
+        let lines = log.all.filter { $0.contains("secondLevel") || $0.contains("started") || $0.contains("succeeded") }
+        #expect(
+            lines == [
+                "r0 1 started(fetch)", "r1 1 started(fetch)", "r1 1 secondLevel(waiting)",
+                "r0 1 secondLevel(loaded(version: Optional(1)))", "r0 1 succeeded(1.0 seconds, 1 attempts)",
+                "r1 1 secondLevel(hit(version: 1))", "r1 1 succeeded(1.0 seconds, 1 attempts)",
+                "r0 2 started(fetch)",
+                "r0 2 secondLevel(fault(error: AsyncStateTesting.InMemorySecondLevel.Unavailable()))",
+                "r0 2 succeeded(1.0 seconds, 1 attempts)",
+            ])
+        #expect(ledgers.allSatisfy { $0.problems.isEmpty && $0.open.isEmpty })
+    }
+
     /// 5 replicas × 1,000 concurrent cold callers on one key: exactly one source call. The lease's
     /// holder loads it (1 s); the other four find the lease held, read the entry every 25 ms, and
     /// answer from it once it is written — each caller with the one value.
@@ -470,6 +504,17 @@ import Testing
         #expect(signed.signedContent != changed.signedContent)
         #expect(AsyncStateInvalidation(topic: "numbers", key: "4").signedContent == "7:numbers1:4")
         #expect(signed.description == "numbers/4@5")
+    }
+}
+
+/// Two observers as one.
+private struct Both: AsyncStateObserver {
+    let first: any AsyncStateObserver
+    let second: any AsyncStateObserver
+
+    func observe(_ event: AsyncStateEvent) {
+        first.observe(event)
+        second.observe(event)
     }
 }
 

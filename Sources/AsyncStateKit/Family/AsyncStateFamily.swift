@@ -107,7 +107,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     ///     every removal; `nil` (the default): nothing is recorded.
     ///   - secondLevel: A cache the family's replicas share behind their memory, read on a miss
     ///     before the source, with fleet-wide single flight (see ``AsyncStateSecondLevelOptions``);
-    ///     `nil` (the default): none. Batches (``values(for:_:)``) and coalesced misses do not use it.
+    ///     `nil` (the default): none. Batches (``values(for:retry:_:)``) and coalesced misses do not use it.
     public init(
         expiry: Duration = .seconds(120),
         capacity: Int = 10_000,
@@ -139,7 +139,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// ``AsyncState`` of a collection.
     ///
     /// The parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:secondLevel:)-5bb0m``;
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:secondLevel:)-8qgzw``;
     /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
     public init(
         expiry: Duration = .seconds(120),
@@ -172,7 +172,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// of an optional.
     ///
     /// The parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:secondLevel:)-5bb0m``;
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:secondLevel:)-8qgzw``;
     /// `isEmpty` overrides `== nil` as the emptiness test.
     public init<Wrapped: Sendable>(
         expiry: Duration = .seconds(120),
@@ -205,7 +205,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// ``set(_:for:)`` (beyond the capacity, the first ones are evicted).
     ///
     /// The other parameters are those of
-    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:secondLevel:)-5bb0m``.
+    /// ``init(expiry:capacity:maximumWeight:weigher:idleExpiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:tags:isEmpty:onRemoval:name:observer:secondLevel:)-8qgzw``.
     public init(
         wrappedValue: [Key: Value],
         expiry: Duration = .seconds(120),

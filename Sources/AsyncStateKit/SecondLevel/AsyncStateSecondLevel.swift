@@ -78,3 +78,42 @@ public enum AsyncStateLease: Sendable, Hashable {
     /// Another replica holds it, for `expiresIn` more (on the second level's clock).
     case held(expiresIn: Duration)
 }
+
+/// What a family's second level did for one key's load, as its observer hears it
+/// (``AsyncStateEvent/Kind/secondLevel(_:)``, with the key).
+public enum AsyncStateSecondLevelEvent: Sendable {
+    /// The load was answered from the second level: another replica's value, at this version.
+    case hit(version: UInt64)
+    /// This replica held the key's lease and loaded from its source; its write stored this version
+    /// (`nil`: it could not write it, or the value was not to be kept).
+    case loaded(version: UInt64?)
+    /// Another replica holds the key's lease: this one waits for its write.
+    case waiting
+    /// The wait ran out (``AsyncStateSecondLevelOptions/maximumWait``): this replica calls its source
+    /// without the lease.
+    case waitRanOut
+    /// A call to the second level failed with `error` (``AsyncStateSecondLevelTimeout`` when it ran
+    /// past its timeout): the load goes to the source, and the second level is skipped for a backoff.
+    case fault(error: any Error)
+    /// The second level was skipped (a backoff after a fault): the load goes to the source.
+    case skipped
+    /// The entry there did not decode (``AsyncStateCodecError``): it is not taken, and the key is
+    /// loaded again.
+    case undecodable(error: any Error)
+    /// This replica loaded from its source as the lease's holder, but the second level refused its
+    /// write of this version: a newer one is there (its lease had run out, or the key was
+    /// invalidated since). It takes the newer entry if it is fresh.
+    case writeRefused(version: UInt64)
+}
+
+/// A call to a second level that ran past its timeout (``AsyncStateSecondLevelOptions/timeout``).
+public struct AsyncStateSecondLevelTimeout: Error, Sendable, Hashable, CustomStringConvertible {
+    /// The timeout.
+    public var timeout: Duration
+
+    /// A timeout after `timeout`.
+    public init(after timeout: Duration) { self.timeout = timeout }
+
+    /// A readable explanation.
+    public var description: String { "the second level did not answer within \(timeout)" }
+}

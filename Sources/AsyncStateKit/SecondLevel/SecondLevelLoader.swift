@@ -32,8 +32,11 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         case arrived(Value, RemoteArrival)
     }
 
-    /// A call to the second level failed or ran past its timeout: the load goes to the source.
-    private struct Fault: Error {}
+    /// A call to the second level failed (with `error`) or ran past its timeout
+    /// (``AsyncStateSecondLevelTimeout``): the load goes to the source.
+    private struct Fault: Error {
+        var error: any Error
+    }
 
     @usableFromInline
     init(
@@ -49,15 +52,16 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     func key(for description: String) -> String { "\(options.namespace):\(description)" }
 
     /// A store's operation for `key` that loads through the second level (see ``load(_:_:)``): it
-    /// returns the source's value, or throws a value another replica fetched as a
-    /// ``SecondLevelArrival``, which the store's task settles as arrived.
+    /// returns the source's value, or throws a value with its version (another replica's, or its own
+    /// as the lease's holder) as a ``SecondLevelArrival``, which the store's task settles as arrived.
     ///
-    /// An entry no newer than the value `store` holds (by its source's answer) is not taken: a
-    /// replica's data never gets older, even after it called its source without the lease (the second
-    /// level was down, or a wait ran out).
+    /// An entry older than the value `store` holds (by its source's answer), or than the version it
+    /// knows exists, is not taken: a replica's data never gets older, even after it called its
+    /// source without the lease (the second level was down, or a wait ran out).
     ///
     /// With `fromSource` (a refresh), it takes no entry: it loads from the source as the lease's
-    /// holder, once any other holder's lease is over.
+    /// holder, once any other holder's lease is over. What it does is reported to the store's
+    /// observer, as part of the fetch.
     @usableFromInline
     func operation<Key>(
         for key: Key, in store: AsyncStateStore<Value?>, fromSource: Bool = false,
@@ -67,41 +71,50 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         return { [self, weak store] in
             let (held, version) =
                 store?.core.withLock { ($0.machine.data.lastSuccess, $0.machine.data.version) } ?? (nil, 0)
-            switch try await load(key, newerThan: held, atLeast: version, fromSource: fromSource, operation) {
+            var report: (@Sendable (AsyncStateSecondLevelEvent) -> Void)?
+            if store?.events != nil { report = { [weak store] in store?.reportSecondLevel($0) } }
+            let load = Load(key: key, held: held, minimum: version, fromSource: fromSource, report: report)
+            switch try await self.load(load, operation) {
             case .source(let value): return value
             case .arrived(let value, let arrival): throw SecondLevelArrival<Value?>(value: value, arrival: arrival)
             }
         }
     }
 
-    /// Loads `key`'s value: from the second level if it holds a fresh one, else from `operation`
-    /// as the lease's holder (writing it), else from the holder's write; from `operation` directly
-    /// when the second level fails.
-    /// An entry is taken only if its source answered after `held` (the date of the value this
-    /// replica holds) and its version is at least `minimum` (the version this replica knows exists).
-    func load(
-        _ key: String, newerThan held: Date?, atLeast minimum: UInt64, fromSource: Bool = false,
-        _ operation: @Sendable () async throws -> Value
-    ) async throws -> Loaded {
-        let skip = health.withLock { health -> Bool in
-            guard let until = health.skippedUntil, clock.now() < until else { return false }
-            health.statistics.skipped += 1
-            return true
+    /// One load: its key, what an entry must be newer than, and whom to tell.
+    struct Load: Sendable {
+        /// The second level's key.
+        var key: String
+        /// The date of the value this replica holds: an entry dated earlier is not taken.
+        var held: Date?
+        /// The version this replica knows exists: an entry below it is not taken.
+        var minimum: UInt64
+        /// A refresh: no entry is taken.
+        var fromSource: Bool
+        var report: (@Sendable (AsyncStateSecondLevelEvent) -> Void)?
+    }
+
+    /// Loads a key's value: from the second level if it holds a fresh one, else from `operation` as
+    /// the lease's holder (writing it), else from the holder's write; from `operation` directly when
+    /// the second level fails or a wait runs out.
+    func load(_ load: Load, _ operation: @Sendable () async throws -> Value) async throws -> Loaded {
+        if isSkipped() {
+            note(.skipped, load)
+            return .source(try await operation())
         }
-        if skip { return .source(try await operation()) }
         do {
-            return try await loadThroughSecondLevel(
-                key, newerThan: held, atLeast: minimum, fromSource: fromSource, operation)
-        } catch is Fault {
+            return try await loadThroughSecondLevel(load, operation)
+        } catch let fault as Fault {
+            note(.fault(error: fault.error), load)
             return .source(try await operation())
         }
     }
 
-    private func loadThroughSecondLevel(
-        _ key: String, newerThan held: Date?, atLeast minimum: UInt64, fromSource: Bool,
-        _ operation: @Sendable () async throws -> Value
-    ) async throws -> Loaded {
-        if !fromSource, let fresh = try await freshEntry(key, newerThan: held, atLeast: minimum) { return fresh }
+    private func loadThroughSecondLevel(_ load: Load, _ operation: @Sendable () async throws -> Value) async throws
+        -> Loaded
+    {
+        let key = load.key
+        if !load.fromSource, let fresh = try await freshEntry(load) { return fresh }
         let giveUpAt = clock.now().saturatingAdd(options.maximumWait)
         var waited = false
         while true {
@@ -109,11 +122,11 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
                 try await options.level.acquireLease(on: key, for: options.leaseDuration)
             }) {
             case .acquired(let token):
-                return try await loadAsHolder(key, token: token, operation)
+                return try await loadAsHolder(load, token: token, operation)
             case .held(let expiresIn):
                 if !waited {
                     waited = true
-                    count { $0.waits += 1 }
+                    note(.waiting, load)
                 }
                 // Read every poll until the holder's write is there; ask for the lease again once
                 // its lease has expired (or at the next poll: a holder may give it back early).
@@ -121,11 +134,9 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
                 let wake = min(
                     now.saturatingAdd(options.pollInterval), now.saturatingAdd(max(expiresIn, .zero)), giveUpAt)
                 try await clock.sleep(max(wake, now))
-                if !fromSource, let fresh = try await freshEntry(key, newerThan: held, atLeast: minimum) {
-                    return fresh
-                }
+                if !load.fromSource, let fresh = try await freshEntry(load) { return fresh }
                 if clock.now() >= giveUpAt {
-                    count { $0.waitsRunOut += 1 }
+                    note(.waitRanOut, load)
                     return .source(try await operation())
                 }
             }
@@ -134,10 +145,10 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
 
     /// The holder's load: the source's value, written with the lease's token as its version; the
     /// lease is given back whatever happens.
-    private func loadAsHolder(_ key: String, token: UInt64, _ operation: @Sendable () async throws -> Value)
+    private func loadAsHolder(_ load: Load, token: UInt64, _ operation: @Sendable () async throws -> Value)
         async throws -> Loaded
     {
-        count { $0.loads += 1 }
+        let key = load.key
         let value: Value
         do {
             value = try await operation()
@@ -148,20 +159,27 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         defer { Task(executorPreference: clock.executor) { [self] in await release(key, token: token) } }
         let date = clock.date()
         let lifetime = lifetime(value)
-        guard lifetime > .zero, let payload = try? options.codec.encode(value) else { return .source(value) }
+        guard lifetime > .zero, let payload = try? options.codec.encode(value) else {
+            note(.loaded(version: nil), load)
+            return .source(value)
+        }
         let entry = AsyncStateStoredEntry(
             payload: payload, succeededAt: date, freshUntil: date.addingTimeInterval(lifetime.timeInterval),
             version: token)
         switch try? await bounded({ [options] in try await options.level.write(entry, for: key) }) {
         case true?:
+            note(.loaded(version: token), load)
             return .arrived(value, RemoteArrival(age: .zero, lifetime: lifetime, date: date, version: token))
         case false?:
             // A newer holder wrote first (this one outlived its lease), or the key was invalidated
             // since: the entry there is newer than this value.
-            count { $0.refusedWrites += 1 }
-            if let fresh = try? await freshEntry(key, newerThan: nil, atLeast: token) { return fresh }
+            note(.writeRefused(version: token), load)
+            var newer = load
+            (newer.held, newer.minimum) = (nil, token)
+            if let fresh = try? await freshEntry(newer) { return fresh }
             return .source(value)
         case nil:
+            note(.loaded(version: nil), load)
             return .source(value)
         }
     }
@@ -171,17 +189,19 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         _ = try? await bounded { [options] in try await options.level.releaseLease(on: key, token: token) }
     }
 
-    /// The key's entry as an answer, if the second level holds a fresh one that decodes, and that
-    /// its source answered after `held` (the date of the value this replica holds, if any).
-    private func freshEntry(_ key: String, newerThan held: Date?, atLeast minimum: UInt64) async throws -> Loaded? {
+    /// The key's entry as an answer, if the second level holds a fresh one that decodes, is at least
+    /// the load's minimum version, and is not older than the value the replica holds.
+    private func freshEntry(_ load: Load) async throws -> Loaded? {
+        let key = load.key
         guard let entry = try await bounded({ [options] in try await options.level.read(key) }) else { return nil }
-        guard entry.version >= minimum else { return nil }
-        if let held, entry.succeededAt < held { return nil }
+        guard entry.version >= load.minimum else { return nil }
+        if let held = load.held, entry.succeededAt < held { return nil }
         let value: Value
         do {
             value = try options.codec.decode(entry.payload)
         } catch {
-            count { $0.undecodable += 1 }
+            // An invalidation's marker has no payload: not a fault of the entry.
+            if !entry.payload.isEmpty { note(.undecodable(error: error), load) }
             return nil
         }
         let date = clock.date()
@@ -190,7 +210,7 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         let remaining = min(
             Duration.clamped(seconds: entry.freshUntil.timeIntervalSince(date)), lifetime(value) - age)
         guard remaining > .zero else { return nil }
-        count { $0.hits += 1 }
+        note(.hit(version: entry.version), load)
         return .arrived(
             value, RemoteArrival(age: age, lifetime: remaining, date: entry.succeededAt, version: entry.version))
     }
@@ -221,8 +241,23 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         }
     }
 
-    private func count(_ change: (inout AsyncStateSecondLevelStatistics) -> Void) {
-        health.withLock { change(&$0.statistics) }
+    /// Counts `event` and tells the observer.
+    private func note(_ event: AsyncStateSecondLevelEvent, _ load: Load) {
+        health.withLock { health in
+            switch event {
+            case .hit: health.statistics.hits += 1
+            case .loaded: health.statistics.loads += 1
+            case .waiting: health.statistics.waits += 1
+            case .waitRanOut: health.statistics.waitsRunOut += 1
+            case .fault: break  // counted where it happens (every fault, reported or not)
+            case .skipped: health.statistics.skipped += 1
+            case .undecodable: health.statistics.undecodable += 1
+            case .writeRefused:
+                health.statistics.refusedWrites += 1
+                health.statistics.loads += 1
+            }
+        }
+        load.report?(event)
     }
 
     /// Runs one call to the second level, bounded by the timeout: its result, or ``Fault`` when it
@@ -243,9 +278,11 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
                         race.finish(.failure(error))
                     }
                 }
-                let timer = Task(executorPreference: clock.executor) { [clock] in
+                let timer = Task(executorPreference: clock.executor) { [clock, options] in
                     try? await clock.sleep(deadline)
-                    if !Task.isCancelled { race.finish(.failure(Fault())) }
+                    if !Task.isCancelled {
+                        race.finish(.failure(AsyncStateSecondLevelTimeout(after: options.timeout)))
+                    }
                 }
                 race.onFinish {
                     work.cancel()
@@ -264,7 +301,7 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             return value
         case .failure(let error) where error is CancellationError && Task.isCancelled:
             throw error
-        case .failure:
+        case .failure(let error):
             let now = clock.now()
             health.withLock { health in
                 health.faultsInARow += 1
@@ -275,7 +312,7 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
                 }
                 health.skippedUntil = now.saturatingAdd(min(backoff, options.maximumFaultBackoff))
             }
-            throw Fault()
+            throw Fault(error: error)
         }
     }
 }

@@ -380,6 +380,11 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         }
     }
 
+    /// Reports what the second level did in the fetch in flight (see ``SecondLevelLoader``).
+    func reportSecondLevel(_ event: AsyncStateSecondLevelEvent) {
+        withCore { _, effects in record(.secondLevel(event), aboutFetch: true, in: &effects) }
+    }
+
     @inlinable func cancel() {
         withCore(byCaller: true) { core, effects in
             let ended = core.machine.cancel()

@@ -112,9 +112,41 @@ public final class TracingObserver: AsyncStateObserver {
             guard let batch = load(event.fetch) else { return }
             if let error { batch.span.recordError(error) }
             batch.span.end()
+        case .secondLevel(let secondLevel): self.secondLevel(secondLevel, event)
         case .hit, .servedStale, .notModified, .removed:
             break
         }
+    }
+
+    /// What the second level did, as an event on the load's span: a hit (no source call), a load
+    /// as the lease's holder, a wait for another replica, a fault.
+    private func secondLevel(_ secondLevel: AsyncStateSecondLevelEvent, _ event: AsyncStateEvent) {
+        guard let span = load(event.fetch)?.span else { return }
+        var attributes: SpanAttributes = [:]
+        let name: String
+        switch secondLevel {
+        case .hit(let version):
+            name = "async_state.second_level.hit"
+            attributes["async_state.second_level.version"] = Int64(truncatingIfNeeded: version)
+        case .loaded(let version):
+            name = "async_state.second_level.loaded"
+            if let version {
+                attributes["async_state.second_level.version"] = Int64(truncatingIfNeeded: version)
+            }
+        case .waiting: name = "async_state.second_level.waiting"
+        case .waitRanOut: name = "async_state.second_level.wait_ran_out"
+        case .fault(let error):
+            name = "async_state.second_level.fault"
+            attributes["exception.message"] = "\(error)"
+        case .skipped: name = "async_state.second_level.skipped"
+        case .undecodable(let error):
+            name = "async_state.second_level.undecodable"
+            attributes["exception.message"] = "\(error)"
+        case .writeRefused(let version):
+            name = "async_state.second_level.write_refused"
+            attributes["async_state.second_level.version"] = Int64(truncatingIfNeeded: version)
+        }
+        span.addEvent(SpanEvent(name: name, attributes: attributes))
     }
 
     // MARK: Loads and waits

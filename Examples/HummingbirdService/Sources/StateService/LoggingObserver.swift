@@ -70,6 +70,30 @@ public struct LoggingObserver: AsyncStateObserver {
         case .batchEnded(let error):
             if let error { metadata["error"] = "\(error)" }
             logger.debug(error == nil ? "batch loaded" : "batch failed", metadata: metadata)
+        case .secondLevel(let secondLevel):
+            switch secondLevel {
+            case .hit(let version):
+                metadata["version"] = "\(version)"
+                logger.debug("answered from the second level", metadata: metadata)
+            case .loaded(let version):
+                if let version { metadata["version"] = "\(version)" }
+                logger.debug("loaded as the lease's holder", metadata: metadata)
+            case .waiting:
+                logger.trace("waiting for another replica's load", metadata: metadata)
+            case .waitRanOut:
+                logger.warning("waited too long for another replica's load; loading here", metadata: metadata)
+            case .fault(let error):
+                metadata["error"] = "\(error)"
+                logger.warning("second level failed; skipping it for a while", metadata: metadata)
+            case .skipped:
+                logger.trace("second level skipped after a fault", metadata: metadata)
+            case .undecodable(let error):
+                metadata["error"] = "\(error)"
+                logger.warning("dropped an undecodable second-level entry", metadata: metadata)
+            case .writeRefused(let version):
+                metadata["version"] = "\(version)"
+                logger.debug("second level holds a newer version than this load", metadata: metadata)
+            }
         }
     }
 }

@@ -53,6 +53,19 @@ public final class MetricsObserver: AsyncStateObserver {
         case .invalidatedTag: count("async_state_tag_invalidations_total", state)
         case .removed(let reason): count("async_state_evictions_total", state, ("reason", "\(reason)"))
         case .batchStarted: count("async_state_batches_total", state)
+        case .secondLevel(let secondLevel):
+            let name =
+                switch secondLevel {
+                case .hit: "hit"
+                case .loaded: "loaded"
+                case .waiting: "waiting"
+                case .waitRanOut: "wait_ran_out"
+                case .fault: "fault"
+                case .skipped: "skipped"
+                case .undecodable: "undecodable"
+                case .writeRefused: "write_refused"
+                }
+            count("async_state_second_level_total", state, ("event", name))
         case .waitEnded, .batchEnded: break
         }
     }
