@@ -62,7 +62,9 @@ import Testing
     /// holder loads it (1 s); the other four find the lease held, read the entry every 25 ms, and
     /// answer from it once it is written — each caller with the one value.
     @Test func fiveReplicasOfAThousandCallersCostOneSourceCall() async throws {
-        let clock = VirtualClock()
+        // 5,000 callers settle before the first wake: under ThreadSanitizer that takes longer than
+        // the default stall timeout (10 s of real time without a wake).
+        let clock = VirtualClock(stallTimeout: .seconds(120))
         let level = InMemorySecondLevel(clock: clock)
         let source = KeyedSource(clock: clock)
         let replicas = Self.replicas(5, on: level, clock: clock)
@@ -504,6 +506,99 @@ import Testing
         #expect(signed.signedContent != changed.signedContent)
         #expect(AsyncStateInvalidation(topic: "numbers", key: "4").signedContent == "7:numbers1:4")
         #expect(signed.description == "numbers/4@5")
+    }
+}
+
+/// An owner whose family's operations capture it, with a second level.
+final class SecondLevelOwner: Sendable {
+    let family: AsyncStateFamily<Int, Int>
+    let freed: DeinitFlag
+    let gate = LockedValue<[CheckedContinuation<Void, Never>]>([])
+
+    init(level: InMemorySecondLevel, freed: DeinitFlag) {
+        family = AsyncStateFamily<Int, Int>(
+            expiry: .seconds(3_600),
+            secondLevel: AsyncStateSecondLevelOptions(level: level.replica(), namespace: "owned", codec: .json))
+        self.freed = freed
+    }
+    deinit { freed.set() }
+
+    func load(_ key: Int) async throws -> Int {
+        switch key {
+        case 1: return 10
+        case 2: throw SourceDown()
+        default:
+            // Never answers until cancelled: it ignores cancellation until released.
+            await withCheckedContinuation { continuation in gate.withLock { $0.append(continuation) } }
+            throw CancellationError()
+        }
+    }
+
+    func release() {
+        for continuation in gate.withLock({ gate in
+            defer { gate = [] }
+            return gate
+        }) { continuation.resume() }
+    }
+
+    func current(_ key: Int) async throws -> Int { try await family.value(for: key) { try await self.load($0) } }
+}
+
+/// On the real clock: an owner captured by its family's operations is freed after a load through the
+/// second level that succeeded, failed, or was cancelled (its operation ignoring the cancellation),
+/// and after a hit from the second level; and extreme durations neither trap nor hang.
+@Suite struct SecondLevelLifetimeTests {
+    @Test func anOwnerCapturedThroughTheSecondLevelIsFreed() async throws {
+        let level = InMemorySecondLevel(clock: ContinuousClock())
+        for scenario in ["success", "failure", "cancel", "hit"] {
+            let freed = DeinitFlag()
+            var owner: SecondLevelOwner? = SecondLevelOwner(level: level, freed: freed)
+            switch scenario {
+            case "success": #expect(try await owner!.current(1) == 10)
+            case "failure": await #expect(throws: SourceDown.self) { try await owner!.current(2) }
+            case "cancel":
+                let caller = Task { [owner] in try await owner!.current(3) }
+                while level.counts.leasesAcquired < 1 { try await Task.sleep(for: .milliseconds(1)) }
+                caller.cancel()
+                _ = try? await caller.value
+                owner!.release()
+            default:
+                // Another replica wrote key 1 (the "success" scenario): this one reads it.
+                #expect(try await owner!.current(1) == 10)
+                #expect(owner!.family.secondLevelStatistics?.hits == 1)
+            }
+            owner = nil
+            let deadline = ContinuousClock.now + .seconds(5)
+            while !freed.isSet, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(2)) }
+            #expect(freed.isSet, "\(scenario)")
+        }
+    }
+
+    /// The largest durations on `ContinuousClock` (which converts deadlines, and traps on overflow):
+    /// a load, a hit, a fault with its backoff. A zero timeout is a millisecond, not "never".
+    @Test func extremeDurationsOnTheRealClockNeitherTrapNorHang() async throws {
+        let level = InMemorySecondLevel(clock: ContinuousClock())
+        let huge = Duration.seconds(Int64.max)
+        let family = AsyncStateFamily<Int, Int>(
+            expiry: huge, refreshAfter: huge,
+            secondLevel: AsyncStateSecondLevelOptions(
+                level: level, namespace: "huge", codec: .json, timeout: huge, leaseDuration: huge, pollInterval: huge,
+                maximumWait: huge, faultBackoff: huge, maximumFaultBackoff: huge))
+        #expect(try await family.value(for: 1) { $0 } == 1)
+        let other = AsyncStateFamily<Int, Int>(
+            expiry: huge, secondLevel: AsyncStateSecondLevelOptions(level: level, namespace: "huge", codec: .json))
+        #expect(try await other.value(for: 1) { _ in -1 } == 1)
+        level.isDown = true
+        #expect(try await family.value(for: 2) { $0 } == 2)
+        #expect(try await family.value(for: 3) { $0 } == 3)
+        #expect(family.secondLevelStatistics?.faults == 1)
+        #expect(family.secondLevelStatistics?.skipped == 1)
+        let options = AsyncStateSecondLevelOptions<Int>(
+            level: level, namespace: "zero", codec: .json, timeout: .zero, pollInterval: .seconds(-5),
+            faultBackoff: .seconds(-1))
+        #expect(options.timeout == .milliseconds(1))
+        #expect(options.pollInterval == .milliseconds(1))
+        #expect(options.faultBackoff == .zero)
     }
 }
 

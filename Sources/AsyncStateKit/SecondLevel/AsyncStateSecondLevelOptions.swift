@@ -59,7 +59,9 @@ public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
     ///   - faultBackoff: How long `level` is skipped after a fault.
     ///   - maximumFaultBackoff: The longest it is skipped after repeated faults.
     ///
-    /// Durations are clamped to `0...`; a `pollInterval` below a millisecond is a millisecond.
+    /// Durations are clamped to `0...AsyncStateLimits.maximumDuration`; a `timeout` or a
+    /// `pollInterval` below a millisecond is a millisecond (a call is never unbounded, and a
+    /// waiter never spins).
     public init(
         level: any AsyncStateSecondLevel, namespace: String, codec: AsyncStateCodec<Value>,
         timeout: Duration = .milliseconds(250), leaseDuration: Duration = .seconds(10),
@@ -69,7 +71,7 @@ public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
         self.level = level
         self.namespace = namespace
         self.codec = codec
-        self.timeout = timeout.clampedToLimits
+        self.timeout = max(timeout.clampedToLimits, .milliseconds(1))
         self.leaseDuration = leaseDuration.clampedToLimits
         self.pollInterval = max(pollInterval.clampedToLimits, .milliseconds(1))
         self.maximumWait =
