@@ -479,6 +479,30 @@ let benchmarks: @Sendable () -> Void = {
             }
         }
 
+        // With a second level: a hit never reads it, and costs what a hit without one costs (no
+        // allocation). Filled through misses that went through the second level, so that the
+        // entries carry its versions.
+        if keys == 1_000 {
+            Benchmark("Family:hit-1000-keys-with-a-second-level", configuration: nanosecondScale) { benchmark in
+                let level = await Filled.shared.value("second-level") { InMemorySecondLevel(clock: ContinuousClock()) }
+                let family = try await Filled.shared.value("family-second-level-\(keys)") {
+                    let family = AsyncStateFamily<Int, Int>(
+                        expiry: .seconds(3_600), capacity: keys,
+                        secondLevel: AsyncStateSecondLevelOptions(level: level, namespace: "numbers", codec: .json))
+                    for key in 0..<keys { _ = try await family.value(for: key) { $0 } }
+                    // The misses' last tasks (their leases given back, their timers cancelled) end
+                    // before the hits are measured: their allocations are not a hit's.
+                    try await Task.sleep(for: .milliseconds(500))
+                    return family
+                }
+                let reads = level.counts.reads
+                try await ScatteredWalk.named("family-second-level", keys: keys).measure(benchmark) { key in
+                    blackHole(try await family.value(for: key) { $0 })
+                }
+                if level.counts.reads != reads { benchmark.error("a hit read the second level") }
+            }
+        }
+
         // The usual call site passes what the operation needs as a context: still no allocation.
         if keys == 1_000 {
             Benchmark("Family:hit-1000-keys-using-a-context", configuration: nanosecondScale) { benchmark in

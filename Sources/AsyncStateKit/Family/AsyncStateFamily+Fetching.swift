@@ -143,13 +143,7 @@ extension AsyncStateFamily {
     /// failure expiry; starts a pending automatic retry now; otherwise does nothing — like
     /// ``AsyncState/retry(_:)``. Returns once the fetch has settled.
     public nonisolated(nonsending) func retry(for key: Key, _ operation: @escaping Operation) async {
-        await core.using(key) { store in
-            guard let secondLevel = core.secondLevel else {
-                _ = try? await store.retry { try await operation(key) }
-                return
-            }
-            _ = try? await store.retry(secondLevel.operation(for: key, in: store) { try await operation(key) })
-        }
+        await core.using(key) { store in _ = try? await store.retry(storeOperation(key, store, .value, operation)) }
     }
 
     /// Returns the values of `keys`: one run of `operation` loads every key that is neither fresh
@@ -282,15 +276,18 @@ extension AsyncStateFamily {
         _ key: Key, from store: AsyncStateStore<Value?>, _ request: FetchRequest, retry: RetryPolicy?,
         _ operation: @escaping Operation
     ) async throws -> Value {
-        guard let secondLevel = core.secondLevel else {
-            return Self.answered(try await store.fetch(request, policy: retry, { try await operation(key) }))
-        }
-        return Self.answered(
-            try await store.fetch(
-                request, policy: retry,
-                secondLevel.operation(for: key, in: store, fromSource: request == .refresh) {
-                    try await operation(key)
-                }))
+        Self.answered(try await store.fetch(request, policy: retry, storeOperation(key, store, request, operation)))
+    }
+
+    /// The operation `key`'s store runs: `operation`, through the second level if the family has one.
+    /// Never inlined into the async miss path: its branches would grow every waiting caller's frame
+    /// past the memory a new task starts with (a second slab, one more allocation per caller).
+    @inlinable @inline(never)
+    func storeOperation(
+        _ key: Key, _ store: AsyncStateStore<Value?>, _ request: FetchRequest, _ operation: @escaping Operation
+    ) -> @Sendable () async throws -> Value? {
+        guard let secondLevel = core.secondLevel else { return { try await operation(key) } }
+        return secondLevel.operation(for: key, in: store, fromSource: request == .refresh) { try await operation(key) }
     }
 
     /// A value a key's store answered with. A store answers with a value only after a success or a
