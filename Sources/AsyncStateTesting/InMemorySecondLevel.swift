@@ -130,25 +130,32 @@ public final class InMemorySecondLevel: AsyncStateSecondLevel, Sendable {
     fileprivate func invalidate(_ key: String, from replica: Int?) async throws -> UInt64 {
         try await call(from: replica) { state, _ in
             state.counts.invalidations += 1
-            let floor = max(state.lastTokens[key] ?? 0, state.entries[key]?.version ?? 0)
-            guard floor < .max else { throw Unavailable() }
-            let version = floor + 1
-            state.lastTokens[key] = version
-            state.leases[key] = nil
-            var entry =
-                state.entries[key]
-                ?? AsyncStateStoredEntry(payload: [], succeededAt: .distantPast, freshUntil: .distantPast, version: 0)
-            entry.freshUntil = .distantPast
-            entry.version = version
-            state.entries[key] = entry
-            return version
+            return try Self.invalidate(key, in: &state)
         }
     }
 
+    /// Marks `key` stale with a new version; the version.
+    private static func invalidate(_ key: String, in state: inout State) throws -> UInt64 {
+        let floor = max(state.lastTokens[key] ?? 0, state.entries[key]?.version ?? 0)
+        guard floor < .max else { throw Unavailable() }
+        let version = floor + 1
+        state.lastTokens[key] = version
+        state.leases[key] = nil
+        var entry =
+            state.entries[key]
+            ?? AsyncStateStoredEntry(payload: [], succeededAt: .distantPast, freshUntil: .distantPast, version: 0)
+        entry.freshUntil = .distantPast
+        entry.version = version
+        state.entries[key] = entry
+        return version
+    }
+
+    /// As ``invalidate(_:)`` for every key under `prefix` that has an entry, a lease or a token.
     fileprivate func invalidateAll(withPrefix prefix: String, from replica: Int?) async throws {
         try await call(from: replica) { state, _ in
             state.counts.invalidations += 1
-            for key in state.entries.keys where key.hasPrefix(prefix) { state.entries[key]?.freshUntil = .distantPast }
+            let keys = Set(state.entries.keys).union(state.leases.keys).union(state.lastTokens.keys)
+            for key in keys where key.hasPrefix(prefix) { _ = try Self.invalidate(key, in: &state) }
         }
     }
 

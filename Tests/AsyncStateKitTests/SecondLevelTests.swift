@@ -165,6 +165,32 @@ import Testing
         _ = try? await dead.value
     }
 
+    /// A holder whose callers all leave (its flight cancelled) gives the lease back at once: another
+    /// replica then loads without waiting for the lease to expire.
+    @Test func aCancelledHolderGivesTheLeaseBack() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock, duration: .seconds(5))
+        let replicas = Self.replicas(2, on: level, clock: clock, leaseDuration: .seconds(10))
+        // Each call takes a millisecond: one made by a cancelled task would fail (its sleep throws).
+        level.latency = .milliseconds(1)
+        let first = clock.task { try await replicas[0].family.value(for: 5, source.operation) }
+        await clock.advance(by: .seconds(1))
+        first.cancel()
+        await clock.advance(by: .milliseconds(500))
+        let second = clock.task { try await replicas[1].family.value(for: 5, source.operation) }
+        await clock.advance(by: .milliseconds(2))
+        // Read, lease: two calls of a millisecond, then the source.
+        #expect(source.calls.map(\.at) == [.milliseconds(2), .milliseconds(1_502)])
+        await clock.advance(by: .seconds(5) + .milliseconds(10))
+        guard source.calls.count == 2 else {
+            second.cancel()  // the lease was not given back: do not wait 10 s of virtual time for it
+            return
+        }
+        #expect(try await second.value == 52)
+        await #expect(throws: CancellationError.self) { try await first.value }
+    }
+
     /// The second level down: a hit is answered from memory (it never reads it), a miss goes
     /// straight to the source, and the next misses skip it for the backoff; after the backoff a miss
     /// tries it again.
@@ -225,6 +251,26 @@ import Testing
         #expect(replica.family.secondLevelStatistics?.faults == 1)
         replica.connection.isPartitioned = false
         await clock.advance(by: .seconds(5))
+    }
+
+    /// Calls that fail together (a blip) are one fault for the backoff: the second level is tried
+    /// again after one backoff (1 s), not after one doubled per failed call.
+    @Test func callsThatFailTogetherAreOneFault() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock)
+        let replica = Self.replicas(1, on: level, clock: clock)[0]
+        replica.connection.isPartitioned = true
+        let misses = (1...4).map { key in clock.task { try await replica.family.value(for: key, source.operation) } }
+        await clock.advance(by: .seconds(2))
+        for (index, miss) in misses.enumerated() { #expect(try await miss.value == (index + 1) * 10 + 1) }
+        #expect(replica.family.secondLevelStatistics?.faults == 4)
+        replica.connection.isPartitioned = false  // the four held reads end now, unseen
+        let later = clock.task { try await replica.family.value(for: 9, source.operation) }
+        await clock.advance(by: .seconds(1))
+        #expect(try await later.value == 91)
+        #expect(level.counts.leasesAcquired == 1)  // the later miss used the second level
+        #expect(replica.family.secondLevelStatistics?.skipped == 0)
     }
 
     /// What is in the second level is never trusted: a foreign payload, a truncated one, one under
@@ -495,6 +541,43 @@ import Testing
         #expect(level.entry(for: "numbers:2")?.version == 2)
         a.runner.cancel()
         b.runner.cancel()
+    }
+
+    /// A message's key is marked in the second level as the family's loads name it: `"007"` parses
+    /// to key 7, whose entry is `numbers:7`.
+    @Test func theSecondLevelKeyIsTheParsedKeys() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let node = await Node(level: level, network: InMemoryInvalidationNetwork(), clock: clock)
+        _ = try await node.family.value(for: 7) { $0 }
+        try await node.invalidator.invalidate("numbers", key: "007")
+        #expect(level.entry(for: "numbers:7")?.version == 2)
+        #expect(level.entry(for: "numbers:007") == nil)
+        #expect(node.family.snapshot(for: 7)?.isExpired == true)
+        node.runner.cancel()
+    }
+
+    /// A whole-topic change fences every key: a holder that loaded before it cannot write its value
+    /// over it, and its own value lands expired.
+    @Test func aWholeTopicChangeFencesHoldersLoadingMeanwhile() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let node = await Node(level: level, network: InMemoryInvalidationNetwork(), clock: clock)
+        let loading = clock.task {
+            try await node.family.value(for: 3) { _ in
+                try await clock.sleep(for: .seconds(1))
+                return 30
+            }
+        }
+        await clock.advance(by: .milliseconds(500))
+        try await node.invalidator.invalidate("numbers")
+        await clock.advance(by: .seconds(1))
+        #expect(try await loading.value == 30)
+        #expect(level.entry(for: "numbers:3")?.version == 2)
+        #expect(level.entry(for: "numbers:3")?.payload.isEmpty == true)
+        #expect(node.family.snapshot(for: 3)?.isExpired == true)
+        #expect(node.family.secondLevelStatistics?.refusedWrites == 1)
+        node.runner.cancel()
     }
 
     /// The version is signed: a message whose version was changed on the way is rejected.

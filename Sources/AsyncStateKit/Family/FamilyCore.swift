@@ -75,7 +75,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         self.observer = observer.map { (name, $0) }
         self.secondLevel = secondLevel.map { options in
             SecondLevelLoader(options: options, clock: clock) { value in
-                configuration.expiry.saturatingAdd(configuration.freshnessShift(of: value))
+                configuration.lifetime(of: value)
             }
         }
         isObserved = observer != nil

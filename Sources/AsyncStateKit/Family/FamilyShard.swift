@@ -347,16 +347,17 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// without an entry.
     /// With a second-level `version`, a compact entry that is that version or newer is left as it
     /// is (`nil`), and one that is older learns the version (see
-    /// ``FetchStateMachine/invalidate(now:version:)``).
+    /// ``StateData/invalidate(now:expiry:version:)``).
     @inlinable mutating func invalidateIfCompact(_ key: Key, at now: Duration, version: UInt64? = nil) -> Entry? {
         guard let slot = table.slot(of: key) else { return nil }
         if let store = table.records[table.at(Int(slot))].store { return .live(store) }
-        if let version, metadata[Int(slot)]!.version >= version { return nil }
-        let expiry = configuration.expiry
-        settle(Int(slot)) { data in
-            if let version { data.version = version }
-            _ = data.invalidate(now: now, expiry: expiry)
+        var data = compactData(at: table.at(Int(slot)))
+        if let version {
+            guard data.invalidate(now: now, expiry: configuration.expiry, version: version) != nil else { return nil }
+        } else {
+            _ = data.invalidate(now: now, expiry: configuration.expiry)
         }
+        makeCompact(Int(slot), data)
         return entry(at: Int(slot))
     }
 

@@ -179,9 +179,17 @@ public final class AsyncStateInvalidator: Sendable {
         var invalidateSecondLevel: (@Sendable (Target) async -> UInt64?)?
         if hasSecondLevel {
             invalidateSecondLevel = { target in
-                guard let secondLevel = core.value?.secondLevel else { return nil }
+                guard let family = core.value, let secondLevel = family.secondLevel else { return nil }
                 switch target {
-                case .key(let key): return await secondLevel.invalidate(secondLevel.key(for: key))
+                case .key(let key):
+                    // Named as the family's loads name it: the description of the key the message
+                    // parses to (`"007"` is key 7), or the message's key when it names none.
+                    let matches = keys(key, family).map { String(describing: $0) }
+                    var versions: [UInt64?] = []
+                    for description in Set(matches.isEmpty ? [key] : matches) {
+                        versions.append(await secondLevel.invalidate(secondLevel.key(for: description)))
+                    }
+                    return versions.count == 1 ? versions[0] : nil
                 case .tag, .all:
                     // The second level knows no tags: every entry of the family goes stale there.
                     _ = await secondLevel.invalidateAll()
@@ -208,9 +216,10 @@ public final class AsyncStateInvalidator: Sendable {
     /// replicas, signed if the invalidator has an authenticator.
     ///
     /// A family with a second level (see ``AsyncStateSecondLevelOptions``) has the key marked stale
-    /// there first, so that no replica takes the old entry from it, and the message carries the
-    /// key's new version: a replica whose data is already that version ignores it, and the next
-    /// read of the key on any replica loads it once for all of them (through the key's lease).
+    /// there first (one call, bounded by its timeout: this replica is invalidated after it), so that
+    /// no replica takes the old entry from it, and the message carries the key's new version: a
+    /// replica whose data is already that version ignores it, and the next read of the key on any
+    /// replica loads it once for all of them (through the key's lease).
     ///
     /// - Throws: The bus's error when it could not publish; this replica is invalidated anyway.
     public func invalidate(_ topic: String, key: String? = nil) async throws {

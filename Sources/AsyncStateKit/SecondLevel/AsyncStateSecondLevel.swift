@@ -8,7 +8,7 @@ public import Foundation
 /// same key at once cost the source one call: the lease's holder loads the value and writes it, the
 /// others wait for that write and read it. The protocol is all the family needs; an implementation
 /// stores entries by string key (a shared database table, a key-value store). `AsyncStateTesting`
-/// has one in memory, with fault injection; the example service has one on PostgreSQL.
+/// has one in memory, with fault injection.
 ///
 /// The family never trusts what it reads: an entry that fails to decode is dropped and the key is
 /// loaded again; a freshness that outlasts the family's own expiry is cut to it. Every call has its
@@ -26,6 +26,11 @@ public import Foundation
 /// - **An invalidation is a version too.** ``invalidate(_:)`` stores a version greater than every
 ///   earlier one and makes the entry stale, so that a holder that loaded before the change cannot
 ///   write its older value over it.
+/// - **Versions never reset.** A key's versions grow for as long as any replica may remember one:
+///   keep them (and the markers of invalidations) when entries expire, and across a restart or a
+///   failover of the store. A replica ignores an invalidation whose version it already holds, and
+///   takes no entry below a version it has heard of: versions that start again from 1 would leave
+///   it on old data until its own expiry.
 public protocol AsyncStateSecondLevel: Sendable {
     /// The entry stored for `key`, or `nil`.
     func read(_ key: String) async throws -> AsyncStateStoredEntry?
@@ -48,7 +53,9 @@ public protocol AsyncStateSecondLevel: Sendable {
     /// greater still.
     func invalidate(_ key: String) async throws -> UInt64
 
-    /// Marks stale every entry whose key starts with `prefix` (a family's namespace and its colon).
+    /// Marks stale every entry whose key starts with `prefix` (a family's namespace and its colon),
+    /// as ``invalidate(_:)`` does each: with a new version for each, so that no write of an earlier
+    /// version lands afterwards.
     func invalidateAll(withPrefix prefix: String) async throws
 }
 

@@ -19,9 +19,11 @@ import Foundation
 ///
 /// Every call to the second level is bounded by `timeout`. A call that fails or times out makes the
 /// family skip the second level — straight to its source, as without one — for `faultBackoff`,
-/// doubled after each further fault up to `maximumFaultBackoff`, and the next miss after that tries
-/// it again. So a second level that is down or slow never fails a hit (hits never reach it) and
-/// never hangs a miss longer than one timeout.
+/// doubled after each further fault up to `maximumFaultBackoff` (calls that fail together count as
+/// one), and the next miss after that tries it again. So a second level that is down or slow never
+/// fails a hit (hits never reach it), and holds a miss at most one timeout per call it makes before
+/// the source: a read, then a lease request (a replica that waits for another's load waits as the
+/// lease says, at most `maximumWait`).
 public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
     /// The second level.
     public var level: any AsyncStateSecondLevel

@@ -18,8 +18,11 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     private struct Health {
         /// Until when (on the clock) the second level is skipped; `nil` while it answers.
         var skippedUntil: Duration?
-        /// Faults in a row.
+        /// Faults in a row: one per backoff, however many calls that were in flight together fail.
         var faultsInARow = 0
+        /// When the last fault was seen (on the clock): a call that started before it neither ends
+        /// the backoff by succeeding nor lengthens it by failing.
+        var lastFaultAt: Duration?
         var statistics = AsyncStateSecondLevelStatistics()
     }
 
@@ -106,6 +109,7 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             return try await loadThroughSecondLevel(load, operation)
         } catch let fault as Fault {
             note(.fault(error: fault.error), load)
+            try Task.checkCancellation()  // a call ended by this load's cancellation: no source call
             return .source(try await operation())
         }
     }
@@ -131,8 +135,11 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
                 // Read every poll until the holder's write is there; ask for the lease again once
                 // its lease has expired (or at the next poll: a holder may give it back early).
                 let now = clock.now()
+                // Never sooner than a millisecond (a lease said to expire now, or already: skewed
+                // clocks), so that a waiter never spins.
                 let wake = min(
-                    now.saturatingAdd(options.pollInterval), now.saturatingAdd(max(expiresIn, .zero)), giveUpAt)
+                    now.saturatingAdd(options.pollInterval),
+                    now.saturatingAdd(max(expiresIn, .milliseconds(1))), giveUpAt)
                 try await clock.sleep(max(wake, now))
                 if !load.fromSource, let fresh = try await freshEntry(load) { return fresh }
                 if clock.now() >= giveUpAt {
@@ -144,19 +151,17 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     }
 
     /// The holder's load: the source's value, written with the lease's token as its version; the
-    /// lease is given back whatever happens.
+    /// lease is given back afterwards whatever happens (after the write, so that a replica that
+    /// finds the lease free finds the entry too).
     private func loadAsHolder(_ load: Load, token: UInt64, _ operation: @Sendable () async throws -> Value)
         async throws -> Loaded
     {
         let key = load.key
-        let value: Value
-        do {
-            value = try await operation()
-        } catch {
-            await release(key, token: token)
-            throw error
-        }
+        // Given back in a task of its own, whatever happens: not held up by a slow second level, and
+        // not skipped when this load was cancelled (its caller's cancellation would end the call at
+        // once, and the other replicas would wait for the lease to expire).
         defer { Task(executorPreference: clock.executor) { [self] in await release(key, token: token) } }
+        let value = try await operation()
         let date = clock.date()
         let lifetime = lifetime(value)
         guard lifetime > .zero, let payload = try? options.codec.encode(value) else {
@@ -177,7 +182,9 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             var newer = load
             (newer.held, newer.minimum) = (nil, token)
             if let fresh = try? await freshEntry(newer) { return fresh }
-            return .source(value)
+            // The newer version is an invalidation's (no fresh entry): this value is from before the
+            // change, and lands expired (the next read loads again).
+            return .arrived(value, RemoteArrival(age: .zero, lifetime: .zero, date: date, version: token))
         case nil:
             note(.loaded(version: nil), load)
             return .source(value)
@@ -218,19 +225,23 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     /// Marks `key`'s entry stale in the second level (before a change made through this replica is
     /// announced to the others); the version its next entry will exceed, or `nil` when the second
     /// level failed (or is being skipped).
+    ///
+    /// Tried even while loads skip the second level (a change must reach it if it can), and in a
+    /// task of its own: the caller's cancellation (a request dropped after its write) does not stop
+    /// it.
     func invalidate(_ key: String) async -> UInt64? {
-        guard !isSkipped() else { return nil }
-        return try? await bounded { [options] in try await options.level.invalidate(key) }
+        await Task(executorPreference: clock.executor) { [self, options] in
+            try? await bounded { try await options.level.invalidate(key) }
+        }.value
     }
 
-    /// Marks every entry of this family stale in the second level; whether it did.
+    /// Marks every entry of this family stale in the second level (as ``invalidate(_:)`` does, tried
+    /// whatever the backoff, and not stopped by the caller's cancellation); whether it did.
     func invalidateAll() async -> Bool {
-        guard !isSkipped() else { return false }
-        return
-            (try? await bounded { [options] in
-                try await options.level.invalidateAll(withPrefix: "\(options.namespace):")
-            })
-            != nil
+        await Task(executorPreference: clock.executor) { [self, options] in
+            (try? await bounded { try await options.level.invalidateAll(withPrefix: "\(options.namespace):") })
+                != nil
+        }.value
     }
 
     /// Whether the second level is being skipped after a fault.
@@ -267,7 +278,8 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     /// `CancellationError`.
     private func bounded<T: Sendable>(_ call: @escaping @Sendable () async throws -> T) async throws -> T {
         let race = Race<T>()
-        let deadline = clock.now().saturatingAdd(options.timeout)
+        let startedAt = clock.now()
+        let deadline = startedAt.saturatingAdd(options.timeout)
         let result: Result<T, any Error> = await withTaskCancellationHandler {
             await withUnsafeContinuation { continuation in
                 race.begin(continuation)
@@ -294,9 +306,9 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         }
         switch result {
         case .success(let value):
-            health.withLock {
-                $0.faultsInARow = 0
-                $0.skippedUntil = nil
+            health.withLock { health in
+                guard health.lastFaultAt.map({ startedAt >= $0 }) ?? true else { return }
+                (health.faultsInARow, health.skippedUntil, health.lastFaultAt) = (0, nil, nil)
             }
             return value
         case .failure(let error) where error is CancellationError && Task.isCancelled:
@@ -304,8 +316,11 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         case .failure(let error):
             let now = clock.now()
             health.withLock { health in
-                health.faultsInARow += 1
                 health.statistics.faults += 1
+                // Calls in flight together fail together: one fault for the backoff.
+                guard health.lastFaultAt.map({ startedAt >= $0 }) ?? true else { return }
+                health.lastFaultAt = now
+                health.faultsInARow += 1
                 var backoff = options.faultBackoff
                 for _ in 1..<min(health.faultsInARow, 32) where backoff < options.maximumFaultBackoff {
                     backoff = backoff.saturatingAdd(backoff)

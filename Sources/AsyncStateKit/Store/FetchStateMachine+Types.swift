@@ -305,7 +305,7 @@ extension FetchStateMachine {
 struct RemoteArrival: Sendable {
     /// How long ago its source answered (not negative).
     @usableFromInline var age: Duration
-    /// How much longer it is fresh (positive).
+    /// How much longer it is fresh (zero: it lands expired).
     @usableFromInline var lifetime: Duration
     /// The wall date its source answered on.
     @usableFromInline var date: Date

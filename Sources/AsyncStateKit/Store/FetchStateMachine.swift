@@ -341,13 +341,15 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         return data.invalidate(now: now, expiry: configuration.expiry)
     }
 
-    /// An invalidation that names the second-level version it makes current: ignored (`nil`) when
-    /// the data is that version or newer already; otherwise ``invalidate(now:)``, and the data
-    /// knows that version exists (a load then takes no older entry).
+    /// An invalidation that names the second-level version it makes current (see
+    /// ``StateData/invalidate(now:expiry:version:)``): `nil` when ignored; otherwise as
+    /// ``invalidate(now:)``.
     @inlinable mutating func invalidate(now: Duration, version: UInt64) -> Bool? {
-        guard !data.isCurrent(atVersion: version) else { return nil }
-        data.version = version
-        return invalidate(now: now)
+        guard let visible = data.invalidate(now: now, expiry: configuration.expiry, version: version) else {
+            return nil
+        }
+        mutateFlight { $0.expiresOnArrival = true }
+        return visible
     }
 
     /// `set(_:)`: a manual (or optimistic) write, fresh from `now`. It wins over the flight in flight:

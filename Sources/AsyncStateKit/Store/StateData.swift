@@ -191,13 +191,19 @@ struct StateData<Value: Sendable> {
         return freshSince - receivedAt
     }
 
+    /// An invalidation that names the second-level version it makes current: ignored (`nil`) when
+    /// this data is that version or newer already; otherwise ``invalidate(now:expiry:)``, and the
+    /// data knows that version exists (a load then takes no older entry). The one rule for a
+    /// state's machine and a family's compact entry.
+    @inlinable mutating func invalidate(now: Duration, expiry: Duration, version: UInt64) -> Bool? {
+        guard version > self.version else { return nil }
+        self.version = version
+        return invalidate(now: now, expiry: expiry)
+    }
+
     /// `invalidate()`: the data is expired now, for every interval; a cached failure is forgotten, and
     /// restored data is no longer answered at once. Returns whether a snapshot changed: only data fresh
     /// at `now` (for `expiry`) becoming expired changes one.
-    /// Whether this data is second-level `version` or newer (an invalidation naming that version
-    /// changes nothing then).
-    @inlinable func isCurrent(atVersion version: UInt64) -> Bool { self.version >= version }
-
     @inlinable mutating func invalidate(now: Duration, expiry: Duration) -> Bool {
         let visible = isFresh(at: now, expiry: expiry)
         freshSince = nil

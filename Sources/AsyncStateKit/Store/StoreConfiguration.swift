@@ -57,6 +57,9 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
         }
     }
 
+    /// How long `value` stays fresh from its arrival: its own lifetime, or the declared expiry.
+    @inlinable func lifetime(of value: Value) -> Duration { expiry.saturatingAdd(freshnessShift(of: value)) }
+
     /// How far `value`'s own lifetime (see ``AsyncStateExpiring``) moves its data's freshness: its
     /// lifetime, clamped like every duration, minus the declared expiry; zero without one. Data that
     /// arrives at `t` is recorded as fresh since `t + shift` (``StateData/freshSince``), so that every
