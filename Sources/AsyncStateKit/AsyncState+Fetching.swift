@@ -24,7 +24,7 @@ extension AsyncState {
     ///   - retry: The retry policy for this fetch; `nil` for the state's.
     ///   - operation: Fetches the value.
     public nonisolated(nonsending) func refresh(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async {
-        _ = try? await store.fetch(.refresh, policy: retry, operation)
+        _ = try? await store.fetch(.refresh, policy: retry, storeOperation(.refresh, operation))
     }
 
     /// Returns the value: at once when fresh, else from the fetch in flight or a new one.
@@ -177,7 +177,16 @@ extension AsyncState {
     nonisolated(nonsending) func fetchFromStore(
         _ request: FetchRequest, _ operation: @escaping Operation, retry: RetryPolicy?
     ) async throws -> Value {
-        try await store.fetch(request, policy: retry, operation)
+        try await store.fetch(request, policy: retry, storeOperation(request, operation))
+    }
+
+    /// The operation the store runs: `operation`, through the second level if the state has one.
+    /// Never inlined into the async miss path, whose frame its branches would grow (see
+    /// ``AsyncStateFamily``'s).
+    @inlinable @inline(never)
+    func storeOperation(_ request: FetchRequest, _ operation: @escaping Operation) -> Operation {
+        guard let secondLevel else { return operation }
+        return secondLevel.operation(in: store, fromSource: request == .refresh, operation)
     }
 
     /// Re-runs the fetch when the phase is ``AsyncPhase/failure(_:)`` or ``AsyncPhase/empty`` — with
@@ -191,7 +200,7 @@ extension AsyncState {
     ///
     /// - Parameter operation: Fetches the value. The state keeps it only while the fetch is in flight.
     public nonisolated(nonsending) func retry(_ operation: @escaping Operation) async {
-        try? await store.retry(operation)
+        try? await store.retry(storeOperation(.value, operation))
     }
 
     /// Skips the backoff of a fetch that waits to retry automatically: its next attempt starts now, and
@@ -240,7 +249,7 @@ extension AsyncState {
         let interval = interval.clampedToLimits
         var first = true
         while !Task.isCancelled {
-            _ = try? await store.fetch(.periodic(first: first), policy: retry, operation)
+            _ = try? await store.fetch(.periodic(first: first), policy: retry, storeOperation(.value, operation))
             first = false
             do {
                 try await store.clock.sleep(store.clock.now().saturatingAdd(interval))

@@ -77,6 +77,9 @@ public struct AsyncState<Value: Sendable>: Sendable {
     public typealias Operation = @Sendable () async throws -> Value
 
     @usableFromInline let store: AsyncStateStore<Value>
+    /// What a miss does with the second level, if the state has one (see
+    /// ``AsyncStateSecondLevelOptions``); hits never read it.
+    @usableFromInline let secondLevel: SecondLevelLoader<Value>?
 
     /// Creates a state holding `wrappedValue` until the first fetch.
     ///
@@ -131,6 +134,9 @@ public struct AsyncState<Value: Sendable>: Sendable {
     ///   - name: What the state reports as to `observer` (a log's metadata, a metric's label).
     ///   - observer: Receives what the state does (see ``AsyncStateObserver``); `nil` (the default):
     ///     nothing is recorded.
+    ///   - secondLevel: A cache the service's replicas share behind their memory, read on a miss
+    ///     before the source, with one load for the fleet (see ``AsyncStateSecondLevelOptions``; the
+    ///     state's entry there is its namespace's); `nil` (the default): none.
     public init(
         wrappedValue: Value,
         expiry: Duration = .seconds(120),
@@ -144,17 +150,18 @@ public struct AsyncState<Value: Sendable>: Sendable {
         maxStaleAge: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         name: String = "",
-        observer: (any AsyncStateObserver)? = nil
+        observer: (any AsyncStateObserver)? = nil,
+        secondLevel: AsyncStateSecondLevelOptions<Value>? = nil
     ) {
         self.init(
             wrappedValue, expiry, clock, retry, timeout, softTimeout, failureExpiry, staleWhileRevalidate, refreshAfter,
             maxStaleAge,
-            name: name, observer: observer, isEmpty: isEmpty)
+            name: name, observer: observer, secondLevel: secondLevel, isEmpty: isEmpty)
     }
 
     /// Creates a state holding a collection; an empty collection is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:name:observer:)-45mmf``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:name:observer:secondLevel:)-28ffu``;
     /// `isEmpty` overrides `Collection.isEmpty` as the emptiness test.
     public init(
         wrappedValue: Value,
@@ -169,17 +176,19 @@ public struct AsyncState<Value: Sendable>: Sendable {
         maxStaleAge: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         name: String = "",
-        observer: (any AsyncStateObserver)? = nil
+        observer: (any AsyncStateObserver)? = nil,
+        secondLevel: AsyncStateSecondLevelOptions<Value>? = nil
     ) where Value: Collection {
         self.init(
             wrappedValue, expiry, clock, retry, timeout, softTimeout, failureExpiry, staleWhileRevalidate, refreshAfter,
             maxStaleAge,
-            name: name, observer: observer, isEmpty: Self.emptinessTest(isEmpty, else: { $0.isEmpty }))
+            name: name, observer: observer, secondLevel: secondLevel,
+            isEmpty: Self.emptinessTest(isEmpty, else: { $0.isEmpty }))
     }
 
     /// Creates a state holding an optional; `nil` is ``AsyncPhase/empty``.
     ///
-    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:name:observer:)-45mmf``;
+    /// The parameters are those of ``init(wrappedValue:expiry:clock:retry:timeout:softTimeout:failureExpiry:staleWhileRevalidate:refreshAfter:maxStaleAge:isEmpty:name:observer:secondLevel:)-28ffu``;
     /// `isEmpty` overrides `== nil` as the emptiness test.
     public init<Wrapped: Sendable>(
         wrappedValue: Value,
@@ -194,12 +203,14 @@ public struct AsyncState<Value: Sendable>: Sendable {
         maxStaleAge: Duration? = nil,
         isEmpty: (@Sendable (Value) -> Bool)? = nil,
         name: String = "",
-        observer: (any AsyncStateObserver)? = nil
+        observer: (any AsyncStateObserver)? = nil,
+        secondLevel: AsyncStateSecondLevelOptions<Value>? = nil
     ) where Value == Wrapped? {
         self.init(
             wrappedValue, expiry, clock, retry, timeout, softTimeout, failureExpiry, staleWhileRevalidate, refreshAfter,
             maxStaleAge,
-            name: name, observer: observer, isEmpty: Self.emptinessTest(isEmpty, else: { $0 == nil }))
+            name: name, observer: observer, secondLevel: secondLevel,
+            isEmpty: Self.emptinessTest(isEmpty, else: { $0 == nil }))
     }
 
     /// `given`, or else `fallback`: the emptiness test of a collection's or an optional's state.
@@ -218,16 +229,24 @@ public struct AsyncState<Value: Sendable>: Sendable {
         _ timeout: Duration?, _ softTimeout: Duration?, _ failureExpiry: Duration, _ staleWhileRevalidate: Bool,
         _ refreshAfter: Duration?,
         _ maxStaleAge: Duration?, name: String, observer: (any AsyncStateObserver)?,
-        isEmpty: (@Sendable (Value) -> Bool)?
+        secondLevel: AsyncStateSecondLevelOptions<Value>?, isEmpty: (@Sendable (Value) -> Bool)?
     ) {
         let configuration = StoreConfiguration(
             expiry: expiry, failureExpiry: failureExpiry, isEmpty: isEmpty, retry: retry, timeout: timeout,
             softTimeout: softTimeout,
             staleWhileRevalidate: staleWhileRevalidate, refreshAfter: refreshAfter, maxStaleAge: maxStaleAge)
+        let storeClock = StoreClock(clock)
         store = AsyncStateStore(
-            initialValue: initialValue, configuration: configuration, clock: StoreClock(clock),
+            initialValue: initialValue, configuration: configuration, clock: storeClock,
             observation: observer.map { Observation(name: name, key: nil, observer: $0) })
+        self.secondLevel = secondLevel.map { options in
+            SecondLevelLoader(options: options, clock: storeClock) { configuration.lifetime(of: $0) }
+        }
     }
+
+    /// What the state's second level has done (see ``AsyncStateSecondLevelOptions``), or `nil`
+    /// without one.
+    public var secondLevelStatistics: AsyncStateSecondLevelStatistics? { secondLevel?.statistics }
 
     // MARK: Reading
 

@@ -592,6 +592,81 @@ import Testing
     }
 }
 
+/// A single state with a second level: its entry is its namespace's.
+@Suite struct SecondLevelStateTests {
+    /// Three replicas' states, 100 concurrent callers each, cold: one source call. A change through
+    /// one replica's invalidator: one more, for all three.
+    @Test func threeReplicasOfAStateShareOneLoadAndOneReloadPerChange() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let network = InMemoryInvalidationNetwork()
+        let source = LockedValue((calls: 0, value: 1))
+        let operation: @Sendable () async throws -> Int = {
+            let value = source.withLock { source in
+                source.calls += 1
+                return source.value
+            }
+            try await clock.sleep(for: .seconds(1))
+            return value
+        }
+        var states: [AsyncState<Int>] = []
+        var invalidators: [AsyncStateInvalidator] = []
+        var runners: [Task<Void, Never>] = []
+        for _ in 0..<3 {
+            let state = AsyncState<Int>(
+                wrappedValue: 0, expiry: .seconds(60), clock: clock,
+                secondLevel: AsyncStateSecondLevelOptions(level: level.replica(), namespace: "config", codec: .json))
+            let bus = network.bus()
+            let invalidator = AsyncStateInvalidator(bus: bus, invalidateAllInterval: .zero, clock: clock)
+            invalidator.subscribe(state, to: "config")
+            runners.append(Task { await invalidator.run() })
+            _ = await soon { bus.listenerCount == 1 && invalidator.deliveriesApplied == 1 }
+            (states, invalidators) = (states + [state], invalidators + [invalidator])
+        }
+        let callers = states.flatMap { state in (0..<100).map { _ in clock.task { try await state.value(operation) } } }
+        await clock.advance(by: .seconds(1))
+        await clock.advance(by: .milliseconds(25))
+        for caller in callers { #expect(try await caller.value == 1) }
+        #expect(source.withLock { $0.calls } == 1)
+        #expect(level.entry(for: "config:")?.version == 1)
+
+        source.withLock { $0.value = 2 }
+        try await invalidators[1].invalidate("config")
+        #expect(await soon { states.allSatisfy { $0.snapshot.isExpired } })
+        let again = states.map { state in clock.task { try await state.value(operation) } }
+        await clock.advance(by: .seconds(1))
+        await clock.advance(by: .milliseconds(25))
+        for caller in again { #expect(try await caller.value == 2) }
+        #expect(source.withLock { $0.calls } == 2)
+        #expect(level.entry(for: "config:")?.version == 3)
+        #expect(states.map { $0.secondLevelStatistics?.hits ?? 0 }.reduce(0, +) == 4)
+        for runner in runners { runner.cancel() }
+    }
+
+    /// A hit never reads the second level; a refresh calls the source.
+    @Test func aHitNeverReadsItAndARefreshCallsTheSource() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let calls = LockedValue(0)
+        let state = AsyncState<Int>(
+            wrappedValue: 0, clock: clock,
+            secondLevel: AsyncStateSecondLevelOptions(level: level, namespace: "s", codec: .json))
+        let operation: @Sendable () async throws -> Int = {
+            calls.withLock {
+                $0 += 1
+                return $0
+            }
+        }
+        #expect(try await state.value(operation) == 1)
+        let reads = level.counts.reads
+        #expect(try await state.value(operation) == 1)
+        #expect(level.counts.reads == reads)
+        await state.refresh(operation)
+        #expect(state.wrappedValue == 2)
+        #expect(level.entry(for: "s:")?.version == 2)
+    }
+}
+
 /// An owner whose family's operations capture it, with a second level.
 final class SecondLevelOwner: Sendable {
     let family: AsyncStateFamily<Int, Int>

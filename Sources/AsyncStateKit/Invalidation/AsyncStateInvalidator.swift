@@ -123,13 +123,24 @@ public final class AsyncStateInvalidator: Sendable {
     /// invalidates it.
     public func subscribe<Value>(_ state: AsyncState<Value>, to topic: String) {
         let store = WeakBox(state.store)
+        // With a second level (held weakly too: it lives as long as the state's store), a message's
+        // version applies, and a change made here is marked there first.
+        let secondLevel = state.secondLevel.map(WeakBox.init)
+        var invalidateSecondLevel: (@Sendable (Target) async -> UInt64?)?
+        if let secondLevel {
+            invalidateSecondLevel = { _ in
+                guard let secondLevel = secondLevel.value else { return nil }
+                return await secondLevel.invalidate(secondLevel.stateKey)
+            }
+        }
         add(
             topic, isAlive: { store.value != nil },
-            invalidate: { _, _ in
+            invalidate: { _, version in
                 guard let store = store.value else { return false }
-                store.invalidate()
+                store.invalidate(version: secondLevel == nil ? nil : version)
                 return true
-            })
+            },
+            invalidateSecondLevel: invalidateSecondLevel)
     }
 
     /// Subscribes `family` to `topic`: a message with a key invalidates every entry whose key

@@ -70,16 +70,42 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         for key: Key, in store: AsyncStateStore<Value?>, fromSource: Bool = false,
         _ operation: @escaping @Sendable () async throws -> Value
     ) -> @Sendable () async throws -> Value? {
-        let key = self.key(for: String(describing: key))
-        return { [self, weak store] in
+        self.operation(named: self.key(for: String(describing: key)), in: store, fromSource: fromSource, operation) {
+            $0
+        }
+    }
+
+    /// A single state's operation (see ``operation(for:in:fromSource:_:)``): its entry is the
+    /// namespace's own key (``stateKey``).
+    @usableFromInline
+    func operation(
+        in store: AsyncStateStore<Value>, fromSource: Bool = false,
+        _ operation: @escaping @Sendable () async throws -> Value
+    ) -> @Sendable () async throws -> Value {
+        self.operation(named: stateKey, in: store, fromSource: fromSource, operation) { $0 }
+    }
+
+    /// A single state's key in the second level: its namespace and a colon (so that
+    /// ``invalidateAll()`` covers it as it covers a family's keys).
+    var stateKey: String { key(for: "") }
+
+    /// The operation of a store of `StoreValue` (a family entry's `Value?`, a state's `Value`) for the
+    /// second level's `key`; `stored` makes a loaded value the store's.
+    private func operation<StoreValue: Sendable>(
+        named key: String, in store: AsyncStateStore<StoreValue>, fromSource: Bool,
+        _ operation: @escaping @Sendable () async throws -> Value,
+        stored: @escaping @Sendable (Value) -> StoreValue
+    ) -> @Sendable () async throws -> StoreValue {
+        { [self, weak store] in
             let (held, version) =
                 store?.core.withLock { ($0.machine.data.lastSuccess, $0.machine.data.version) } ?? (nil, 0)
             var report: (@Sendable (AsyncStateSecondLevelEvent) -> Void)?
             if store?.events != nil { report = { [weak store] in store?.reportSecondLevel($0) } }
             let load = Load(key: key, held: held, minimum: version, fromSource: fromSource, report: report)
             switch try await self.load(load, operation) {
-            case .source(let value): return value
-            case .arrived(let value, let arrival): throw SecondLevelArrival<Value?>(value: value, arrival: arrival)
+            case .source(let value): return stored(value)
+            case .arrived(let value, let arrival):
+                throw SecondLevelArrival<StoreValue>(value: stored(value), arrival: arrival)
             }
         }
     }
