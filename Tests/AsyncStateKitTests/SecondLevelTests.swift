@@ -191,6 +191,30 @@ import Testing
         await #expect(throws: CancellationError.self) { try await first.value }
     }
 
+    /// A holder whose callers all leave after its source answered still writes the value: the
+    /// other replicas take it without a call of their own.
+    @Test func aHolderCancelledAfterItsSourceAnsweredStillWrites() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock, duration: .seconds(1))
+        let replicas = Self.replicas(2, on: level, clock: clock)
+        level.latency = .milliseconds(1)  // a call made by a cancelled task would fail
+        let first = clock.task { try await replicas[0].family.value(for: 6, source.operation) }
+        // Read and lease (2 ms), the source (1 s): the write is in flight at 1.0025 s.
+        await clock.advance(by: .seconds(1) + .microseconds(2_500))
+        first.cancel()
+        await clock.advance(by: .milliseconds(5))
+        #expect(level.entry(for: "numbers:6")?.version == 1)
+        let second = clock.task { try await replicas[1].family.value(for: 6, source.operation) }
+        await clock.advance(by: .milliseconds(5))
+        #expect(source.calls.count == 1)
+        guard source.calls.count == 1 else {
+            second.cancel()  // it called the source itself: do not wait for that call
+            return
+        }
+        #expect(try await second.value == 61)
+    }
+
     /// The second level down: a hit is answered from memory (it never reads it), a miss goes
     /// straight to the source, and the next misses skip it for the backoff; after the backoff a miss
     /// tries it again.

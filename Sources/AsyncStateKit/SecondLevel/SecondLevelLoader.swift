@@ -197,7 +197,12 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         let entry = AsyncStateStoredEntry(
             payload: payload, succeededAt: date, freshUntil: date.addingTimeInterval(lifetime.timeInterval),
             version: token)
-        switch try? await bounded({ [options] in try await options.level.write(entry, for: key) }) {
+        // Written in a task of its own: once the source has answered, the entry saves the fleet a
+        // call even if this load's callers have all left (its cancellation would end the call).
+        let written = await Task(executorPreference: clock.executor) { [self, options] in
+            try? await bounded { try await options.level.write(entry, for: key) }
+        }.value
+        switch written {
         case true?:
             note(.loaded(version: token), load)
             return .arrived(value, RemoteArrival(age: .zero, lifetime: lifetime, date: date, version: token))
