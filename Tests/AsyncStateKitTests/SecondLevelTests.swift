@@ -482,6 +482,40 @@ import Testing
         for node in nodes { node.runner.cancel() }
     }
 
+    /// A change the invalidator cannot mark in the second level (it is down for that moment): the
+    /// message carries no version, and no replica takes the old entry back from the second level,
+    /// where it is still fresh; the first to miss loads the new value, once, and the others take it.
+    @Test func aChangeTheSecondLevelMissedIsNotUndoneByItsOldEntry() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let network = InMemoryInvalidationNetwork()
+        let source = LockedValue((calls: 0, value: 1))
+        let operation: @Sendable (Int) async throws -> Int = { _ in
+            source.withLock { source in
+                source.calls += 1
+                return source.value
+            }
+        }
+        var nodes: [Node] = []
+        for _ in 0..<3 { nodes.append(await Node(level: level, network: network, clock: clock)) }
+        for node in nodes { #expect(try await node.family.value(for: 7, operation) == 1) }
+        #expect(source.withLock { $0.calls } == 1)
+
+        source.withLock { $0.value = 2 }
+        level.isDown = true
+        try await nodes[0].invalidator.invalidate("numbers", key: "7")
+        level.isDown = false
+        #expect(level.entry(for: "numbers:7")?.version == 1)  // unmarked: the old entry, still fresh
+        #expect(await soon { nodes.allSatisfy { $0.family.snapshot(for: 7)?.isExpired == true } })
+        // The writer's failed mark was a fault: it skips the second level for the backoff.
+        await clock.advance(by: .seconds(1))
+        for node in nodes { #expect(try await node.family.value(for: 7, operation) == 2) }
+        #expect(source.withLock { $0.calls } == 2)
+        #expect(nodes.map { $0.family.secondLevelStatistics?.hits } == [0, 2, 2])
+        #expect(level.entry(for: "numbers:7")?.version == 2)
+        for node in nodes { node.runner.cancel() }
+    }
+
     /// A replica whose data is already the message's version (or newer) ignores it: a duplicate, a
     /// replay or a late message costs nothing; one with an older version invalidates and takes no
     /// entry older than the version it names.

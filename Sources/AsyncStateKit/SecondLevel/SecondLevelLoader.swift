@@ -114,7 +114,10 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     struct Load: Sendable {
         /// The second level's key.
         var key: String
-        /// The date of the value this replica holds: an entry dated earlier is not taken.
+        /// The date of the value this replica holds: an entry dated earlier is not taken, nor the
+        /// held value itself (its date and ``minimum`` as version). The load runs because that value
+        /// is expired or was invalidated: taking it back would undo an invalidation that the second
+        /// level missed (the invalidator could not mark it, and the message carries no version).
         var held: Date?
         /// The version this replica knows exists: an entry below it is not taken.
         var minimum: UInt64
@@ -228,12 +231,15 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     }
 
     /// The key's entry as an answer, if the second level holds a fresh one that decodes, is at least
-    /// the load's minimum version, and is not older than the value the replica holds.
+    /// the load's minimum version, and is neither older than the value the replica holds nor that
+    /// value itself.
     private func freshEntry(_ load: Load) async throws -> Loaded? {
         let key = load.key
         guard let entry = try await bounded({ [options] in try await options.level.read(key) }) else { return nil }
         guard entry.version >= load.minimum else { return nil }
-        if let held = load.held, entry.succeededAt < held { return nil }
+        if let held = load.held, entry.succeededAt < held || (entry.succeededAt == held && entry.version == load.minimum) {
+            return nil
+        }
         let value: Value
         do {
             value = try options.codec.decode(entry.payload)
