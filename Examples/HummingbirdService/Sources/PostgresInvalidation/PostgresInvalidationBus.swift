@@ -185,7 +185,9 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
     ///   notification; the driver's error when the server cannot be reached.
     public func publish(_ invalidation: AsyncStateInvalidation) async throws {
         let payload = try invalidation.payload()
-        try await client.query("SELECT pg_notify(\(channel), \(payload))", logger: logger)
+        // Read to its end: an error the server sends with the row (a refused notification) is
+        // thrown here rather than lost with a sequence nobody reads.
+        for try await _ in try await client.query("SELECT pg_notify(\(channel), \(payload))", logger: logger) {}
     }
 
     /// The invalidations other replicas publish, and `.reconnected` after every (re)connection, until

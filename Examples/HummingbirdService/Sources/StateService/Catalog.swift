@@ -17,7 +17,10 @@ import Metrics
 /// - `tenants`: a configuration per tenant, read from a ``TenantStore`` shared by every replica and
 ///   written through it (`PUT /config/:tenant`). With an invalidation bus, a write through any replica
 ///   invalidates that tenant on all of them (topic ``tenantsTopic``); `tenantExpiry` bounds how long
-///   a replica can serve an old configuration when a message is lost.
+///   a replica can serve an old configuration when a message is lost. With a second level (a
+///   `PostgresSecondLevel` in the same database), the replicas share each tenant's load: a miss
+///   reads the tenant there first, and replicas that miss together cost the store one read
+///   (`upstream_tenant_reads_total` counts them).
 ///
 /// Every fetch retries with exponential backoff, times out, and caches its failure for
 /// `failureExpiry` (the `Retry-After` of a 503), so a down upstream is not hammered.
@@ -36,6 +39,9 @@ public final class Catalog: Sendable {
     /// the ids they asked for (`upstream_profile_batch_ids_total`): their ratio is the batches' mean size.
     let profileBatches: Counter
     let profileBatchIDs: Counter
+    /// The reads of the tenant store made to load a tenant (`upstream_tenant_reads_total`): what the
+    /// fleet costs its source.
+    let tenantReads: Counter
 
     /// The invalidation topic of ``tenants`` (a message's key is the tenant id).
     public static let tenantsTopic = "tenants"
@@ -48,19 +54,23 @@ public final class Catalog: Sendable {
     ///   - tenantStore: Where tenants' configurations live (shared by the replicas).
     ///   - bus: The invalidation bus between replicas; the caller runs the ``invalidator``.
     ///   - authenticator: Signs and checks the invalidations on `bus` (see `HMACAuthenticator`).
-    ///   - metrics: Where the upstream's batch calls are counted (the bootstrapped factory by default).
+    ///   - secondLevel: Where the replicas share the tenants they load (namespace ``tenantsTopic``);
+    ///     `nil`: each replica loads its own.
+    ///   - metrics: Where the upstream's batch calls and the tenant store's reads are counted (the
+    ///     bootstrapped factory by default).
     ///   - invalidationMetadata: What each published invalidation carries for the other replicas'
     ///     observers: the writing request's trace context (`TracingObserver/invalidationMetadata()`).
     public init(
         settings: Settings, upstream: any Upstream, clock: some Clock<Duration> = ContinuousClock(),
         observer: (any AsyncStateObserver)? = nil, tenantStore: any TenantStore = InMemoryTenantStore(),
         bus: (any AsyncStateInvalidationBus)? = nil, authenticator: (any AsyncStateInvalidationAuthenticator)? = nil,
-        metrics: any MetricsFactory = MetricsSystem.factory,
+        secondLevel: (any AsyncStateSecondLevel)? = nil, metrics: any MetricsFactory = MetricsSystem.factory,
         invalidationMetadata: (@Sendable () -> [String: String])? = nil
     ) {
         profileBatch = (settings.profileBatchWindow, settings.profileBatchSize)
         profileBatches = Counter(label: "upstream_profile_batches_total", factory: metrics)
         profileBatchIDs = Counter(label: "upstream_profile_batch_ids_total", factory: metrics)
+        tenantReads = Counter(label: "upstream_tenant_reads_total", factory: metrics)
         let retry = RetryPolicy.exponential(
             maxAttempts: settings.retryAttempts, initial: settings.retryInitialDelay, cap: .seconds(10),
             jitter: .full
@@ -92,7 +102,12 @@ public final class Catalog: Sendable {
             maximumWeight: settings.tenantMaximumBytes, weigher: { _, config in config.weight }, clock: clock,
             retry: retry, timeout: settings.fetchTimeout, softTimeout: settings.softTimeout,
             failureExpiry: settings.failureExpiry,
-            maxStaleAge: settings.maxStaleAge, tags: { _, config in config.tags }, name: "tenants", observer: observer)
+            maxStaleAge: settings.maxStaleAge, tags: { _, config in config.tags }, name: "tenants", observer: observer,
+            secondLevel: secondLevel.map {
+                AsyncStateSecondLevelOptions(
+                    level: $0, namespace: Self.tenantsTopic, codec: .json(tag: "TenantConfig"),
+                    timeout: settings.secondLevelTimeout)
+            })
         invalidator = bus.map {
             AsyncStateInvalidator(
                 bus: $0, authenticator: authenticator, invalidateAllInterval: settings.invalidateAllInterval,
@@ -173,7 +188,10 @@ public final class Catalog: Sendable {
     }
 
     func tenantSnapshot(_ id: String) async throws -> AsyncSnapshot<TenantConfig?> {
-        try await tenants.snapshot(for: id, using: tenantStore) { id, store in try await store.tenant(id) }
+        try await tenants.snapshot(for: id, using: self) { id, catalog in
+            catalog.tenantReads.increment()
+            return try await catalog.tenantStore.tenant(id)
+        }
     }
 
     /// How a write reached the other replicas.

@@ -36,6 +36,8 @@ import PostgresNIO
 /// | `POSTGRES_URL` | (none) | `postgres://user[:password]@host[:port]/database[?sslmode=disable\|require\|verify-full]`: tenants live there, and replicas invalidate each other through it. Without it, tenants live in memory. TLS is verified (`verify-full`) by default, and required for any host but the loopback. |
 /// | `INVALIDATION_CHANNEL` | async_state_invalidations | The `NOTIFY` channel the replicas share. |
 /// | `INVALIDATION_SECRET` | (none; required with `POSTGRES_URL`) | The secret the replicas sign their invalidations with (HMAC-SHA256, at least 32 bytes): a message without a valid signature is dropped. |
+/// | `SECOND_LEVEL` | on | With `POSTGRES_URL`: `on` shares the tenants the replicas load in PostgreSQL (`PostgresSecondLevel`), so that the fleet costs the tenant store one read per change; `off`: each replica reads its own. |
+/// | `SECOND_LEVEL_TIMEOUT` | 0.25 | The longest one call to the second level may take before the load goes to the tenant store instead (and the second level is skipped for a backoff). |
 /// | `INVALIDATE_ALL_INTERVAL` | 1 | The shortest time between two invalidations of every tenant caused by messages (more are coalesced). |
 ///
 /// No error ever shows a secret: a URL's password is replaced by `***`, and the values of
@@ -72,6 +74,10 @@ public struct Settings: Sendable, Equatable {
     public var invalidationChannel = "async_state_invalidations"
     public var invalidationSecret: String?
     public var invalidateAllInterval = Duration.seconds(1)
+    /// Whether tenants go through a second level in PostgreSQL (with ``postgres`` only).
+    public var secondLevel = true
+    /// The longest one call to the second level may take.
+    public var secondLevelTimeout = Duration.milliseconds(250)
 
     /// The defaults.
     public init() {}
@@ -140,6 +146,14 @@ public struct Settings: Sendable, Equatable {
         }
         invalidateAllInterval =
             try read.seconds("INVALIDATE_ALL_INTERVAL", allowingZero: true) ?? invalidateAllInterval
+        if let level = read.string("SECOND_LEVEL") {
+            switch level.lowercased() {
+            case "on": secondLevel = true
+            case "off": secondLevel = false
+            default: throw SettingsError(variable: "SECOND_LEVEL", value: level, expected: "on or off")
+            }
+        }
+        secondLevelTimeout = try read.seconds("SECOND_LEVEL_TIMEOUT") ?? secondLevelTimeout
         if let channel = read.string("INVALIDATION_CHANNEL") {
             guard PostgresInvalidationBus.isValidChannel(channel) else {
                 throw SettingsError(

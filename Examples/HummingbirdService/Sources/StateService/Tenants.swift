@@ -136,12 +136,17 @@ public final class PostgresTenantStore: TenantStore {
             let (client, logger) = (client, logger)
             let task = Task {
                 try await client.withTransaction(logger: logger) { connection in
-                    try await connection.query("SELECT pg_advisory_xact_lock(7160231)", logger: logger)
-                    try await connection.query(
+                    // Each read to its end: an error the server sends after the statement began is
+                    // thrown here, not lost with a sequence nobody reads.
+                    for statement: PostgresQuery in [
+                        "SELECT pg_advisory_xact_lock(7160231)",
                         """
                         CREATE TABLE IF NOT EXISTS tenant_configs (
                             tenant text PRIMARY KEY, version bigint NOT NULL, settings text NOT NULL)
-                        """, logger: logger)
+                        """,
+                    ] {
+                        for try await _ in try await connection.query(statement, logger: logger) {}
+                    }
                 }
             }
             schema = task

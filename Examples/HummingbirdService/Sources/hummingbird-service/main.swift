@@ -43,15 +43,18 @@ if let path = settings.traceFile {
 let tracing = TracingObserver()
 let observer = ObserverGroup([LoggingObserver(logger: logger), MetricsObserver(), tracing])
 
-// With POSTGRES_URL, tenants live in PostgreSQL and the replicas invalidate each other through it.
+// With POSTGRES_URL, tenants live in PostgreSQL, the replicas invalidate each other through it, and
+// (unless SECOND_LEVEL=off) they share the tenants they load there.
 var tenantStore: any TenantStore = InMemoryTenantStore()
 var bus: PostgresInvalidationBus?
 var authenticator: HMACAuthenticator?
+var secondLevel: PostgresSecondLevel?
 if let postgres = settings.postgres {
     let client = PostgresClient(configuration: postgres.client, backgroundLogger: logger)
     let postgresBus = try PostgresInvalidationBus(
         client: client, listening: try postgres.connection(), channel: settings.invalidationChannel, logger: logger)
     tenantStore = PostgresTenantStore(client: client, logger: logger)
+    if settings.secondLevel { secondLevel = PostgresSecondLevel(client: client, logger: logger) }
     bus = postgresBus
     // Settings guarantee a secret with POSTGRES_URL.
     authenticator = try settings.invalidationSecret.map { try HMACAuthenticator(secret: $0) }
@@ -61,7 +64,7 @@ let catalog = Catalog(
     settings: settings,
     upstream: SimulatedUpstream(
         latency: settings.upstreamLatency, clock: ContinuousClock(), outage: settings.upstreamOutage),
-    observer: observer, tenantStore: tenantStore, bus: bus, authenticator: authenticator,
+    observer: observer, tenantStore: tenantStore, bus: bus, authenticator: authenticator, secondLevel: secondLevel,
     invalidationMetadata: tracing.invalidationMetadata)
 if let invalidator = catalog.invalidator {
     services.append(InvalidationService(invalidator: invalidator))

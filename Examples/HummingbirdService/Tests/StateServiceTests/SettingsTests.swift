@@ -47,6 +47,10 @@ import Testing
         #expect(settings.invalidationChannel == "tenants_v2")
         #expect(settings.writeToken == "0123456789abcdef" && settings.tenantMaximumBytes == 1_000_000)
         #expect(settings.invalidateAllInterval == .seconds(2))
+        #expect(settings.secondLevel)  // on by default
+        #expect(try !Settings(environment: ["SECOND_LEVEL": "OFF"]).secondLevel)
+        #expect(settings.secondLevelTimeout == .milliseconds(250))
+        #expect(try Settings(environment: ["SECOND_LEVEL_TIMEOUT": "2"]).secondLevelTimeout == .seconds(2))
         let postgres = try #require(settings.postgres)
         #expect(postgres.host == "db.internal")
         #expect(postgres.port == 6543)
@@ -67,6 +71,7 @@ import Testing
         ("INVALIDATION_CHANNEL", "Tenants"), ("INVALIDATION_CHANNEL", "a\"; DROP TABLE x; --"),
         ("MAX_STALE_AGE", "-1"), ("SOFT_TIMEOUT", "x"), ("UPSTREAM_OUTAGE", "5,10,10"),
         ("UPSTREAM_OUTAGE", "5,,10,1"), ("UPSTREAM_OUTAGE", "5,10,10,-1"), ("UPSTREAM_OUTAGE", "1,2,3,4,5"),
+        ("SECOND_LEVEL", "yes"), ("SECOND_LEVEL_TIMEOUT", "0"),
     ])
     func aMalformedVariableIsAnErrorThatNamesIt(variable: String, value: String) {
         do {

@@ -1,0 +1,242 @@
+import AsyncStateKit
+import Foundation
+import Logging
+import PostgresNIO
+import Synchronization
+
+/// A second level (`AsyncStateSecondLevel`) in PostgreSQL, shared by every replica of a service
+/// that uses one database: a family or state given it costs the source one call per key for the
+/// whole fleet, and a replica that starts late reads what the others loaded.
+///
+/// ```swift
+/// let level = PostgresSecondLevel(client: client, logger: logger)
+/// let tenants = AsyncStateFamily<String, TenantConfig>(
+///     expiry: .seconds(60),
+///     secondLevel: AsyncStateSecondLevelOptions(level: level, namespace: "tenants", codec: .json))
+/// ```
+///
+/// **Schema** (created on first use, serialized between replicas by an advisory lock):
+///
+/// ```sql
+/// CREATE SEQUENCE async_state_versions;                 -- logged: survives a crash
+/// CREATE UNLOGGED TABLE async_state_entries (
+///     key text PRIMARY KEY,
+///     payload bytea NOT NULL,                           -- '' for an invalidation's marker
+///     succeeded_at float8 NOT NULL,                     -- seconds since 2001-01-01 (Foundation's
+///     fresh_until float8 NOT NULL,                      -- reference date), exact for a `Date`
+///     version bigint NOT NULL,
+///     lease_token bigint,
+///     lease_until timestamptz);                         -- on the server's clock
+/// ```
+///
+/// - **Every version and every lease token is drawn from one sequence**, inside the statement that
+///   stores it and after the row's lock is taken: a key's versions only grow, every token is greater
+///   than every version stored before it, and an invalidation's version is greater than every
+///   token given before it. The entries are in an UNLOGGED table (no write-ahead log: cheap
+///   writes), which PostgreSQL empties after a crash; the sequence is logged and never goes back,
+///   so versions never reset, even then: a replica that remembers a version gets a greater one
+///   from the next load.
+/// - **Leases** are columns of the key's row, expiring on the server's clock (`clock_timestamp()`),
+///   so the replicas' clocks need not agree on them. Giving a lease back clears it only if the
+///   token still holds it.
+/// - **Bound parameters only**: keys, payloads and durations are never spliced into SQL; the table
+///   and sequence names are fixed.
+/// - **Nothing here is trusted by the family**: an entry it cannot decode is dropped and loaded
+///   again (the envelope of `AsyncStateCodec`), and every call is bounded by the family's timeout.
+///
+/// **Grants.** The entries decide what every replica serves: only the service's role may touch
+/// them. The role that runs the service creates (and so owns) the table and the sequence, and
+/// PostgreSQL gives other roles no privilege on a new table. Keep it so, and keep other roles off
+/// the database altogether (`NOTIFY` cannot be restricted by a grant; the invalidation bus's
+/// authenticator is its guard):
+///
+/// ```sql
+/// REVOKE CONNECT ON DATABASE app FROM PUBLIC;
+/// GRANT CONNECT ON DATABASE app TO app_service;
+/// GRANT CREATE ON SCHEMA public TO app_service;   -- or create the two objects as app_service
+/// ```
+///
+/// Rows are never deleted here: one row per key ever cached (a marker for an invalidated key that was
+/// never loaded). A periodic `DELETE FROM async_state_entries WHERE fresh_until < <now − a day>` is
+/// safe once no load can take longer than that: a holder still loading with an older token would
+/// otherwise land its write on a key whose marker was deleted.
+public final class PostgresSecondLevel: AsyncStateSecondLevel {
+    private let client: PostgresClient
+    private let logger: Logger
+    private let schema = Mutex<Task<Void, any Error>?>(nil)
+
+    /// A second level in `client`'s database (run the client in the service group).
+    public init(client: PostgresClient, logger: Logger) {
+        self.client = client
+        self.logger = logger
+    }
+
+    /// What a marker (an invalidated key with no value) stores as its dates.
+    private static let never = Date.distantPast.timeIntervalSinceReferenceDate
+
+    /// A version or token as PostgreSQL's `bigint`, or `nil` beyond it (the sequence never goes there).
+    private static func bigint(_ value: UInt64) -> Int64? { Int64(exactly: value) }
+
+    /// A `bigint` read back; the sequence starts at 1, so never negative.
+    private static func version(_ value: Int64) throws -> UInt64 {
+        guard let version = UInt64(exactly: value) else { throw CorruptRow(column: "version") }
+        return version
+    }
+
+    public func read(_ key: String) async throws -> AsyncStateStoredEntry? {
+        try await prepare()
+        let rows = try await client.query(
+            "SELECT payload, succeeded_at, fresh_until, version FROM async_state_entries WHERE key = \(key)",
+            logger: logger)
+        for try await (payload, succeededAt, freshUntil, version) in rows.decode(
+            (ByteBuffer, Double, Double, Int64).self)
+        {
+            return AsyncStateStoredEntry(
+                payload: Array(payload.readableBytesView),
+                succeededAt: Date(timeIntervalSinceReferenceDate: succeededAt),
+                freshUntil: Date(timeIntervalSinceReferenceDate: freshUntil), version: try Self.version(version))
+        }
+        return nil
+    }
+
+    public func write(_ entry: AsyncStateStoredEntry, for key: String) async throws -> Bool {
+        guard let version = Self.bigint(entry.version) else { return false }
+        try await prepare()
+        let payload = ByteBuffer(bytes: entry.payload)
+        let (succeededAt, freshUntil) = (
+            entry.succeededAt.timeIntervalSinceReferenceDate, entry.freshUntil.timeIntervalSinceReferenceDate
+        )
+        // The row's lock is taken before the condition is checked: of two writes racing, the older
+        // version loses whichever commits first. The lease columns are left as they are.
+        let rows = try await client.query(
+            """
+            INSERT INTO async_state_entries AS e (key, payload, succeeded_at, fresh_until, version)
+            VALUES (\(key), \(payload), \(succeededAt), \(freshUntil), \(version))
+            ON CONFLICT (key) DO UPDATE SET payload = EXCLUDED.payload, succeeded_at = EXCLUDED.succeeded_at,
+                fresh_until = EXCLUDED.fresh_until, version = EXCLUDED.version
+            WHERE e.version < EXCLUDED.version
+            RETURNING 1
+            """, logger: logger)
+        for try await _ in rows.decode(Int.self) { return true }
+        return false
+    }
+
+    public func acquireLease(on key: String, for duration: Duration) async throws -> AsyncStateLease {
+        try await prepare()
+        let seconds = Self.seconds(duration)
+        // One statement: take the lease if it is free or expired (the token drawn under the row's
+        // lock), else report the holder's time left from the row as it was.
+        let rows = try await client.query(
+            """
+            WITH taken AS (
+                INSERT INTO async_state_entries AS e
+                    (key, payload, succeeded_at, fresh_until, version, lease_token, lease_until)
+                VALUES (\(key), '', \(Self.never), \(Self.never), 0, nextval('async_state_versions'),
+                    clock_timestamp() + make_interval(secs => \(seconds)))
+                ON CONFLICT (key) DO UPDATE SET lease_token = nextval('async_state_versions'),
+                    lease_until = clock_timestamp() + make_interval(secs => \(seconds))
+                WHERE e.lease_until IS NULL OR e.lease_until <= clock_timestamp()
+                RETURNING e.lease_token)
+            SELECT lease_token, NULL::float8 FROM taken
+            UNION ALL
+            SELECT NULL::bigint, extract(epoch FROM lease_until - clock_timestamp())::float8
+            FROM async_state_entries WHERE key = \(key) AND NOT EXISTS (SELECT 1 FROM taken)
+            """, logger: logger)
+        for try await (token, left) in rows.decode((Int64?, Double?).self) {
+            if let token { return .acquired(token: try Self.version(token)) }
+            return .held(expiresIn: left.map { .seconds(max(0, min($0, 86_400))) } ?? .zero)
+        }
+        // The lease was taken by a replica whose row this statement's snapshot predates: held, for
+        // an unknown time (the family asks again at its next poll).
+        return .held(expiresIn: .zero)
+    }
+
+    public func releaseLease(on key: String, token: UInt64) async throws {
+        guard let token = Self.bigint(token) else { return }
+        try await prepare()
+        try await run(
+            """
+            UPDATE async_state_entries SET lease_token = NULL, lease_until = NULL
+            WHERE key = \(key) AND lease_token = \(token)
+            """)
+    }
+
+    public func invalidate(_ key: String) async throws -> UInt64 {
+        try await prepare()
+        // A marker when there is no row; else the entry goes stale. The version is drawn under the
+        // row's lock (`SET … = nextval`), so it is greater than whatever a racing statement stored.
+        let rows = try await client.query(
+            """
+            INSERT INTO async_state_entries AS e (key, payload, succeeded_at, fresh_until, version)
+            VALUES (\(key), '', \(Self.never), \(Self.never), nextval('async_state_versions'))
+            ON CONFLICT (key) DO UPDATE SET version = nextval('async_state_versions'),
+                fresh_until = \(Self.never), lease_token = NULL, lease_until = NULL
+            RETURNING e.version
+            """, logger: logger)
+        for try await version in rows.decode(Int64.self) { return try Self.version(version) }
+        throw CorruptRow(column: "version")
+    }
+
+    public func invalidateAll(withPrefix prefix: String) async throws {
+        try await prepare()
+        try await run(
+            """
+            UPDATE async_state_entries SET version = nextval('async_state_versions'),
+                fresh_until = \(Self.never), lease_token = NULL, lease_until = NULL
+            WHERE starts_with(key, \(prefix))
+            """)
+    }
+
+    /// Runs `query` to its end: an error the server sends with (or instead of) the rows is thrown
+    /// here, not lost with a sequence nobody reads.
+    private func run(_ query: PostgresQuery) async throws {
+        for try await _ in try await client.query(query, logger: logger) {}
+    }
+
+    /// `duration` in seconds, within a day (a lease is never meant to last longer).
+    private static func seconds(_ duration: Duration) -> Double {
+        let (seconds, attoseconds) = duration.components
+        guard seconds >= 0 else { return 0 }
+        guard seconds < 86_400 else { return 86_400 }
+        return Double(seconds) + Double(attoseconds) / 1e18
+    }
+
+    /// Creates the sequence and the table once per process (tried again after a failure).
+    private func prepare() async throws {
+        let task = schema.withLock { schema in
+            if let schema { return schema }
+            let (client, logger) = (client, logger)
+            let task = Task {
+                try await client.withTransaction(logger: logger) { connection in
+                    for statement: PostgresQuery in [
+                        "SELECT pg_advisory_xact_lock(7160232)",
+                        "CREATE SEQUENCE IF NOT EXISTS async_state_versions",
+                        """
+                        CREATE UNLOGGED TABLE IF NOT EXISTS async_state_entries (
+                            key text PRIMARY KEY, payload bytea NOT NULL, succeeded_at float8 NOT NULL,
+                            fresh_until float8 NOT NULL, version bigint NOT NULL, lease_token bigint,
+                            lease_until timestamptz)
+                        """,
+                    ] {
+                        for try await _ in try await connection.query(statement, logger: logger) {}
+                    }
+                }
+            }
+            schema = task
+            return task
+        }
+        do {
+            try await task.value
+        } catch {
+            schema.withLock { if $0 == task { $0 = nil } }
+            throw error
+        }
+    }
+
+    /// A row whose version is not one the sequence gives (someone wrote the table by hand).
+    public struct CorruptRow: Error, CustomStringConvertible {
+        /// The column that held it.
+        public var column: String
+        public var description: String { "async_state_entries holds a \(column) the sequence never gives" }
+    }
+}

@@ -1,0 +1,331 @@
+import AsyncStateKit
+import Foundation
+import Logging
+import PostgresInvalidation
+import PostgresNIO
+import StateService
+import Synchronization
+import Testing
+
+/// Runs `body` with a client of the test server (or of `configuration`), running for its duration.
+@discardableResult
+func withClient<T: Sendable>(
+    _ configuration: PostgresClient.Configuration? = nil, _ body: @Sendable (PostgresClient) async throws -> T
+) async throws -> T {
+    let client = PostgresClient(
+        configuration: try configuration ?? Server.settings().client, backgroundLogger: quietLogger)
+    return try await withThrowingTaskGroup(of: T?.self) { group in
+        group.addTask {
+            await client.run()
+            return nil
+        }
+        defer { group.cancelAll() }
+        return try await body(client)
+    }
+}
+
+/// A key prefix no other test uses.
+func uniquePrefix(_ name: String) -> String { "\(name)\(UInt32.random(in: 0...UInt32.max)):" }
+
+extension RealServerTests {
+    /// `PostgresSecondLevel` against a real server: the protocol's rules, statements that race, a
+    /// table emptied as a crash empties it, and the grants.
+    @Suite(.enabled(if: Server.isAvailable, "needs ASYNCSTATE_POSTGRES_URL: run bash .ci/replicas"), .serialized)
+    struct PostgresSecondLevelTests {
+        static func entry(_ text: String, version: UInt64, freshFor seconds: Double = 60) -> AsyncStateStoredEntry {
+            let now = Date()
+            return AsyncStateStoredEntry(
+                payload: Array(text.utf8), succeededAt: now, freshUntil: now.addingTimeInterval(seconds),
+                version: version)
+        }
+
+        @Test func writesLeasesAndInvalidationsKeepTheProtocolsRules() async throws {
+            try await withClient { client in
+                let level = PostgresSecondLevel(client: client, logger: quietLogger)
+                let prefix = uniquePrefix("rules")
+                // Bound parameters: a key is data, whatever it holds.
+                let key = prefix + "'; DROP TABLE async_state_entries; --"
+                #expect(try await level.read(key) == nil)
+
+                guard case .acquired(let first) = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                    Issue.record("a free lease was not given")
+                    return
+                }
+                guard case .held(let left) = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                    Issue.record("a held lease was given again")
+                    return
+                }
+                #expect(left > .seconds(9) && left <= .seconds(10))
+
+                // A write stores only a newer version; dates and bytes come back exactly.
+                let written = Self.entry("one", version: first)
+                #expect(try await level.write(written, for: key))
+                #expect(try await level.read(key) == written)
+                #expect(try await !level.write(Self.entry("same", version: first), for: key))
+                #expect(try await !level.write(Self.entry("older", version: first - 1), for: key))
+                #expect(try await level.read(key) == written)
+
+                // Only the holder's token gives the lease back.
+                try await level.releaseLease(on: key, token: first + 1_000)
+                guard case .held = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                    Issue.record("another token gave the lease back")
+                    return
+                }
+                try await level.releaseLease(on: key, token: first)
+                guard case .acquired(let second) = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                    Issue.record("a lease given back was not given again")
+                    return
+                }
+                #expect(second > first)
+
+                // An invalidation: a greater version, the entry stale, the lease dropped; the holder
+                // that loaded before it cannot write.
+                let version = try await level.invalidate(key)
+                #expect(version > second)
+                let marked = try #require(try await level.read(key))
+                #expect(marked.version == version && marked.freshUntil < Date() && marked.payload == written.payload)
+                #expect(try await !level.write(Self.entry("before the change", version: second), for: key))
+                guard case .acquired(let third) = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                    Issue.record("an invalidation left the lease held")
+                    return
+                }
+                #expect(third > version)
+                #expect(try await level.write(Self.entry("after the change", version: third), for: key))
+
+                // A key never seen gets a marker: no payload, stale, a version above all others.
+                let unseen = prefix + "unseen"
+                let markerVersion = try await level.invalidate(unseen)
+                let marker = try #require(try await level.read(unseen))
+                #expect(marker.payload.isEmpty && marker.freshUntil < Date() && markerVersion > third)
+
+                // A lease expires on the server's clock.
+                let short = prefix + "short"
+                guard case .acquired = try await level.acquireLease(on: short, for: .milliseconds(50)) else {
+                    Issue.record("a free lease was not given")
+                    return
+                }
+                let expired = try await eventually(timeout: .seconds(10)) {
+                    if case .acquired = try await level.acquireLease(on: short, for: .seconds(10)) { return true }
+                    return false
+                }
+                #expect(expired, "a 50 ms lease never expired")
+            }
+        }
+
+        @Test func invalidatingAPrefixFencesEveryKeyUnderItAndNoOther() async throws {
+            try await withClient { client in
+                let level = PostgresSecondLevel(client: client, logger: quietLogger)
+                let prefix = uniquePrefix("prefix")
+                // A namespace that starts like the other one, and characters LIKE would read.
+                let neighbour = prefix.dropLast() + "x:"
+                let keys = [prefix + "a", prefix + "b%", prefix + "_c"]
+                var versions: [String: UInt64] = [:]
+                for key in keys + [neighbour + "a"] {
+                    guard case .acquired(let token) = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                        Issue.record("a free lease was not given")
+                        return
+                    }
+                    #expect(try await level.write(Self.entry(key, version: token), for: key))
+                    versions[key] = token
+                }
+                try await level.invalidateAll(withPrefix: prefix)
+                for key in keys {
+                    let entry = try #require(try await level.read(key))
+                    #expect(entry.version > versions.values.max()! && entry.freshUntil < Date())
+                    // The lease is gone too: a new load may start at once.
+                    guard case .acquired = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                        Issue.record("\(key)'s lease survived the invalidation")
+                        return
+                    }
+                }
+                let other = try #require(try await level.read(neighbour + "a"))
+                #expect(other.version == versions[neighbour + "a"] && other.freshUntil > Date())
+            }
+        }
+
+        /// Statements racing on one key: every invalidation gets its own version, the stored version
+        /// is the greatest any statement stored (none went back), and one lease is given at a time.
+        @Test func racingStatementsNeverStoreAnOlderVersion() async throws {
+            try await withClient { client in
+                let level = PostgresSecondLevel(client: client, logger: quietLogger)
+                let key = uniquePrefix("race") + "k"
+                let results = try await withThrowingTaskGroup(of: (invalidated: UInt64?, written: UInt64?).self) {
+                    group in
+                    for index in 0..<60 {
+                        group.addTask {
+                            if index % 2 == 0 { return (try await level.invalidate(key), nil) }
+                            guard case .acquired(let token) = try await level.acquireLease(on: key, for: .seconds(10))
+                            else { return (nil, nil) }
+                            let stored = try await level.write(Self.entry("\(index)", version: token), for: key)
+                            try await level.releaseLease(on: key, token: token)
+                            return (nil, stored ? token : nil)
+                        }
+                    }
+                    return try await group.reduce(into: []) { $0.append($1) }
+                }
+                let invalidations = results.compactMap(\.invalidated)
+                #expect(Set(invalidations).count == 30)
+                let stored = try #require(try await level.read(key))
+                #expect(stored.version == (invalidations + results.compactMap(\.written)).max())
+
+                let other = uniquePrefix("race") + "lease"
+                let leases = try await withThrowingTaskGroup(of: Bool.self) { group in
+                    for _ in 0..<30 {
+                        group.addTask {
+                            if case .acquired = try await level.acquireLease(on: other, for: .seconds(60)) {
+                                return true
+                            }
+                            return false
+                        }
+                    }
+                    return try await group.reduce(0) { $0 + ($1 ? 1 : 0) }
+                }
+                #expect(leases == 1)
+            }
+        }
+
+        /// PostgreSQL empties an UNLOGGED table after a crash; the versions come from a logged
+        /// sequence, so the next token and invalidation are still above every version a replica may
+        /// remember.
+        @Test func anEmptiedTableDoesNotResetVersions() async throws {
+            try await withClient { client in
+                let level = PostgresSecondLevel(client: client, logger: quietLogger)
+                let key = uniquePrefix("crash") + "k"
+                let remembered = try await level.invalidate(key)
+                try await client.query("TRUNCATE async_state_entries", logger: quietLogger)
+                #expect(try await level.read(key) == nil)
+                guard case .acquired(let token) = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                    Issue.record("a free lease was not given")
+                    return
+                }
+                #expect(token > remembered)
+                #expect(try await level.invalidate(key) > token)
+            }
+        }
+
+        /// A family on the PostgreSQL second level: garbage in its row is never served, the key is
+        /// loaded again (once), and the garbage is replaced by an entry that decodes.
+        @Test func garbageInTheTableIsReplacedNotServed() async throws {
+            try await withClient { client in
+                let level = PostgresSecondLevel(client: client, logger: quietLogger)
+                let namespace = String(uniquePrefix("garbage").dropLast())
+                let calls = Mutex(0)
+                let family = AsyncStateFamily<String, Int>(
+                    expiry: .seconds(600),
+                    secondLevel: AsyncStateSecondLevelOptions(
+                        level: level, namespace: namespace, codec: .json, timeout: .seconds(5)))
+                let key = "\(namespace):k"
+                let version = try await level.invalidate(key)
+                let future = Date().addingTimeInterval(600).timeIntervalSinceReferenceDate
+                let garbage = ByteBuffer(bytes: [0x41, 0x53, 0x4C, 0x32, 0xFF, 0x00, 0x13])  // "ASL2", then nonsense
+                try await client.query(
+                    """
+                    UPDATE async_state_entries SET payload = \(garbage), succeeded_at = \(future - 600),
+                        fresh_until = \(future) WHERE key = \(key) AND version = \(Int64(version))
+                    """, logger: quietLogger)
+                let value = try await family.value(for: "k") { _ in
+                    calls.withLock { $0 += 1 }
+                    return 42
+                }
+                #expect(value == 42 && calls.withLock { $0 } == 1)
+                #expect(family.secondLevelStatistics?.undecodable == 1)
+                let entry = try #require(try await level.read(key))
+                #expect(try AsyncStateCodec<Int>.json.decode(entry.payload) == 42 && entry.version > version)
+            }
+        }
+
+        /// The grants the type's documentation gives: a role other than the service's cannot connect
+        /// to the service's database, and one allowed to connect (a reporting role) can neither read
+        /// nor write the entries nor draw a version.
+        @Test func anotherRoleIsRefused() async throws {
+            let suffix = String(UInt32.random(in: 0...UInt32.max), radix: 16)
+            let (service, other, database) = ("l2_service_\(suffix)", "l2_other_\(suffix)", "l2_db_\(suffix)")
+            let (servicePassword, otherPassword) = (UUID().uuidString, UUID().uuidString)
+            let server = try Server.settings()
+            func configuration(_ user: String, _ password: String) -> PostgresClient.Configuration {
+                var configuration = server.client
+                configuration.username = user
+                configuration.password = password
+                configuration.database = database
+                return configuration
+            }
+            // Role and database names cannot be bound: these are made here, of hex digits.
+            try await withClient { admin in
+                for statement in [
+                    "CREATE ROLE \(service) LOGIN PASSWORD '\(servicePassword)'",
+                    "CREATE ROLE \(other) LOGIN PASSWORD '\(otherPassword)'",
+                    "CREATE DATABASE \(database) OWNER \(service)",
+                    "REVOKE CONNECT ON DATABASE \(database) FROM PUBLIC",
+                ] {
+                    try await admin.query(PostgresQuery(unsafeSQL: statement), logger: quietLogger)
+                }
+            }
+            do {
+                // The service's role creates, and so owns, the table and the sequence.
+                try await withClient(configuration(service, servicePassword)) { client in
+                    let level = PostgresSecondLevel(client: client, logger: quietLogger)
+                    let stored = try await level.write(Self.entry("v", version: 1), for: "tenants:acme")
+                    #expect(stored)
+                }
+                // Another role cannot even connect.
+                await #expect(throws: PSQLError.self) {
+                    try await Self.connectAndQuery(configuration(other, otherPassword), "SELECT 1")
+                }
+                // Allowed to connect, it still has no privilege on the entries or the sequence.
+                try await withClient { admin in
+                    try await admin.query(
+                        PostgresQuery(unsafeSQL: "GRANT CONNECT ON DATABASE \(database) TO \(other)"),
+                        logger: quietLogger)
+                }
+                for statement in [
+                    "SELECT payload FROM async_state_entries",
+                    "UPDATE async_state_entries SET fresh_until = 'Infinity'",
+                    "INSERT INTO async_state_entries VALUES ('tenants:x', '', 0, 0, 1)",
+                    "DELETE FROM async_state_entries",
+                    "SELECT nextval('async_state_versions')",
+                ] {
+                    do {
+                        try await Self.connectAndQuery(configuration(other, otherPassword), statement)
+                        Issue.record("another role could run: \(statement)")
+                    } catch let error as PSQLError {
+                        #expect(error.serverInfo?[.sqlState] == "42501", "\(statement): \(String(reflecting: error))")
+                    }
+                }
+                try await Self.connectAndQuery(configuration(other, otherPassword), "SELECT 1")  // it did connect
+            } catch {
+                try await Self.dropEverything(database: database, roles: [service, other])
+                throw error
+            }
+            try await Self.dropEverything(database: database, roles: [service, other])
+        }
+
+        /// One connection of `configuration`'s role (its refusal is an error at once, where a pool
+        /// would keep trying), running `statement`.
+        static func connectAndQuery(_ configuration: PostgresClient.Configuration, _ statement: String) async throws {
+            var single = try Server.settings().connection()
+            (single.username, single.password, single.database) = (
+                configuration.username, configuration.password, configuration.database
+            )
+            let connection = try await PostgresConnection.connect(configuration: single, id: 9, logger: quietLogger)
+            do {
+                // A statement's error may come with its rows: read them all.
+                for try await _ in try await connection.query(PostgresQuery(unsafeSQL: statement), logger: quietLogger)
+                {}
+            } catch {
+                try? await connection.close()
+                throw error
+            }
+            try await connection.close()
+        }
+
+        static func dropEverything(database: String, roles: [String]) async throws {
+            try await withClient { admin in
+                try await admin.query(
+                    PostgresQuery(unsafeSQL: "DROP DATABASE IF EXISTS \(database) WITH (FORCE)"), logger: quietLogger)
+                for role in roles {
+                    try await admin.query(PostgresQuery(unsafeSQL: "DROP ROLE IF EXISTS \(role)"), logger: quietLogger)
+                }
+            }
+        }
+    }
+}
