@@ -44,6 +44,15 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
+        // The second level in PostgreSQL: an `AsyncStateSecondLevel` the replicas share.
+        .target(
+            name: "PostgresFleetCache",
+            dependencies: [
+                .product(name: "AsyncStateKit", package: library),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         // The service: its states, routes, observers and configuration (tested without a socket).
         .target(
             name: "StateService",
@@ -60,18 +69,29 @@ let package = Package(
                 .product(name: "AsyncStateTracing", package: "AsyncStateTracing"),
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
-                "PostgresInvalidation",
+                "PostgresInvalidation", "PostgresFleetCache",
             ]
         ),
         // `swift run hummingbird-service`: reads the environment, bootstraps logging and metrics, runs.
         .executableTarget(
             name: "hummingbird-service",
             dependencies: [
-                "StateService", "PostgresInvalidation",
+                "StateService", "PostgresInvalidation", "PostgresFleetCache",
                 .product(name: "AsyncStateTracing", package: "AsyncStateTracing"),
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
+        // `swift run -c release second-level-benchmark` (POSTGRES_URL): a miss answered by the second
+        // level against a direct query of the same table through the same client.
+        .executableTarget(
+            name: "second-level-benchmark",
+            dependencies: [
+                "PostgresFleetCache",
+                .product(name: "AsyncStateKit", package: library),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .testTarget(
@@ -94,7 +114,7 @@ let package = Package(
         .testTarget(
             name: "ReplicaTests",
             dependencies: [
-                "PostgresInvalidation", "StateService",
+                "PostgresInvalidation", "PostgresFleetCache", "StateService",
                 .product(name: "AsyncStateKit", package: library),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

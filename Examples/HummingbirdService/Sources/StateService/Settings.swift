@@ -31,6 +31,7 @@ import PostgresNIO
 /// | `STATE_FILE` | (none) | Where the states are saved on shutdown and loaded from at start (warm restarts). |
 /// | `TRACE_FILE` | (none) | Record spans with the in-memory tracer and write them to this file as JSON lines (see `TraceExport`); without it, spans go to whatever tracer is bootstrapped (none: they cost nothing). |
 /// | `TENANT_EXPIRY` | 60 | How long a tenant's configuration is fresh: the longest a replica can serve an old one if an invalidation is lost. |
+/// | `TENANT_READ_LATENCY` | 0 | How much longer each read of the tenant store takes (a slow source, to watch the replicas wait for one another's load). |
 /// | `TENANT_MAX_BYTES` | 67108864 | What the cached tenants' settings may weigh together, in bytes. |
 /// | `WRITE_TOKEN` | (none) | The bearer token `PUT /config/:tenant` requires (at least 16 characters); without it, writes are refused. |
 /// | `POSTGRES_URL` | (none) | `postgres://user[:password]@host[:port]/database[?sslmode=disable\|require\|verify-full]`: tenants live there, and replicas invalidate each other through it. Without it, tenants live in memory. TLS is verified (`verify-full`) by default, and required for any host but the loopback. |
@@ -69,6 +70,8 @@ public struct Settings: Sendable, Equatable {
     public var traceFile: String?
     public var tenantExpiry = Duration.seconds(60)
     public var tenantMaximumBytes = 64 << 20
+    /// How much longer each read of the tenant store takes.
+    public var tenantReadLatency = Duration.zero
     public var writeToken: String?
     public var postgres: PostgresSettings?
     public var invalidationChannel = "async_state_invalidations"
@@ -114,6 +117,7 @@ public struct Settings: Sendable, Equatable {
         stateFile = read.string("STATE_FILE")
         traceFile = read.string("TRACE_FILE")
         tenantExpiry = try read.seconds("TENANT_EXPIRY") ?? tenantExpiry
+        tenantReadLatency = try read.seconds("TENANT_READ_LATENCY", allowingZero: true) ?? tenantReadLatency
         tenantMaximumBytes = try read.integer("TENANT_MAX_BYTES", in: 1...(1 << 40)) ?? tenantMaximumBytes
         if let token = read.string("WRITE_TOKEN") {
             guard token.count >= 16 else {

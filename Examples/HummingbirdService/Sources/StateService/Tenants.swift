@@ -91,6 +91,31 @@ public final class InMemoryTenantStore: TenantStore {
     }
 }
 
+/// Another store whose reads each take `latency` longer on `clock` (`TENANT_READ_LATENCY`): a slow
+/// source, to watch replicas wait for one another's load.
+public struct DelayedTenantStore<C: Clock<Duration>>: TenantStore {
+    /// The store read after the delay.
+    public var base: any TenantStore
+    /// How much longer each read takes.
+    public var latency: Duration
+    /// The clock the delay is slept on.
+    public var clock: C
+
+    /// `base`, each read `latency` slower on `clock`.
+    public init(_ base: any TenantStore, latency: Duration, clock: C) {
+        (self.base, self.latency, self.clock) = (base, latency, clock)
+    }
+
+    public func tenant(_ tenant: String) async throws -> TenantConfig {
+        try await clock.sleep(for: latency)
+        return try await base.tenant(tenant)
+    }
+
+    public func write(_ tenant: String, settings: [String: String]) async throws -> TenantConfig {
+        try await base.write(tenant, settings: settings)
+    }
+}
+
 /// Tenants in a PostgreSQL table, `tenant_configs`, created on first use.
 public final class PostgresTenantStore: TenantStore {
     private let client: PostgresClient

@@ -4,6 +4,7 @@ import Foundation
 import Hummingbird
 import Logging
 import Metrics
+import PostgresFleetCache
 import PostgresInvalidation
 import PostgresNIO
 import Prometheus
@@ -59,6 +60,9 @@ if let postgres = settings.postgres {
     // Settings guarantee a secret with POSTGRES_URL.
     authenticator = try settings.invalidationSecret.map { try HMACAuthenticator(secret: $0) }
     services += [client, postgresBus]
+}
+if settings.tenantReadLatency > .zero {
+    tenantStore = DelayedTenantStore(tenantStore, latency: settings.tenantReadLatency, clock: ContinuousClock())
 }
 let catalog = Catalog(
     settings: settings,

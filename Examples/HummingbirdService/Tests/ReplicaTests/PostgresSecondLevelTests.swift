@@ -1,6 +1,7 @@
 import AsyncStateKit
 import Foundation
 import Logging
+import PostgresFleetCache
 import PostgresInvalidation
 import PostgresNIO
 import StateService

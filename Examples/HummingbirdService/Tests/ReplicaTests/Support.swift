@@ -35,18 +35,32 @@ enum Server {
     static let writeToken = "replica-tests-token-\(UUID().uuidString)"
 
     /// Stops the server (a fast shutdown: every connection is cut) and starts it again.
-    static func restart() throws {
+    static func restart() throws { try control("restart") }
+
+    /// Stops the server (a fast shutdown) until ``start()``.
+    static func stop() throws { try control("stop") }
+
+    /// Starts the server ``stop()`` stopped, on the same port.
+    static func start() throws {
+        let directory = try #require(Server.directory, "ASYNCSTATE_POSTGRES_DIR")
+        let port = try String(contentsOfFile: directory + "/port", encoding: .utf8)
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        try control("start", port)
+    }
+
+    /// Runs `bash .ci/postgres COMMAND DIR [ARGUMENT]` and waits for it.
+    private static func control(_ command: String, _ argument: String? = nil) throws {
         let directory = try #require(Server.directory, "ASYNCSTATE_POSTGRES_DIR")
         let script = URL(fileURLWithPath: #filePath)
             .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent(".ci/postgres")
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/bin/bash")
-        process.arguments = [script.path, "restart", directory]
+        process.arguments = [script.path, command, directory] + (argument.map { [$0] } ?? [])
         process.standardOutput = FileHandle.nullDevice
         try process.run()
         process.waitUntilExit()
-        #expect(process.terminationStatus == 0, "bash .ci/postgres restart failed")
+        #expect(process.terminationStatus == 0, "bash .ci/postgres \(command) failed")
     }
 }
 
@@ -182,6 +196,21 @@ final class Replica {
         try String(contentsOf: trace, encoding: .utf8).split(separator: "\n").compactMap {
             try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
         }
+    }
+
+    /// The sum of the values of the metric `name`'s lines (with any labels) that contain every one
+    /// of `fragments` (`event="hit"`); 0 when there are none.
+    func metricSum(_ name: String, containing fragments: [String] = [], client: HTTPClient) async throws -> Double {
+        let (status, body) = try await client.call("\(base)/metrics")
+        guard status == 200 else { return 0 }
+        var sum = 0.0
+        for line in body.split(separator: "\n") where line.hasPrefix(name + " ") || line.hasPrefix(name + "{") {
+            guard fragments.allSatisfy({ line.contains($0) }), let value = line.split(separator: " ").last else {
+                continue
+            }
+            sum += Double(value) ?? 0
+        }
+        return sum
     }
 
     /// The value of the metric line that starts with `series`, or `nil`.

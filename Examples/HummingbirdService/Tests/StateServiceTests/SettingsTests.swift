@@ -49,7 +49,8 @@ import Testing
         #expect(settings.invalidateAllInterval == .seconds(2))
         #expect(settings.secondLevel)  // on by default
         #expect(try !Settings(environment: ["SECOND_LEVEL": "OFF"]).secondLevel)
-        #expect(settings.secondLevelTimeout == .milliseconds(250))
+        #expect(settings.secondLevelTimeout == .milliseconds(250) && settings.tenantReadLatency == .zero)
+        #expect(try Settings(environment: ["TENANT_READ_LATENCY": "0.2"]).tenantReadLatency == .milliseconds(200))
         #expect(try Settings(environment: ["SECOND_LEVEL_TIMEOUT": "2"]).secondLevelTimeout == .seconds(2))
         let postgres = try #require(settings.postgres)
         #expect(postgres.host == "db.internal")
