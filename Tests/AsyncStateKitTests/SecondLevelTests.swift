@@ -453,10 +453,12 @@ import Testing
         }
     }
 
-    /// Three replicas hold a key; a change made through one of them (its invalidator marks the key
-    /// stale in the second level, with a new version, and tells the others): every replica then
-    /// serves the new value, for one more source call in all, not three.
-    @Test func aChangeThroughOneReplicaIsLoadedOnceForTheFleet() async throws {
+    /// Three replicas on one second level and one network that have each read key 7 (value 1) from a
+    /// source that counts its calls (one so far) and answers `source.value`.
+    func threeReplicasHoldingKey7() async throws -> (
+        VirtualClock, InMemorySecondLevel, LockedValue<(calls: Int, value: Int)>,
+        @Sendable (Int) async throws -> Int, [Node]
+    ) {
         let clock = VirtualClock()
         let level = InMemorySecondLevel(clock: clock)
         let network = InMemoryInvalidationNetwork()
@@ -471,6 +473,14 @@ import Testing
         for _ in 0..<3 { nodes.append(await Node(level: level, network: network, clock: clock)) }
         for node in nodes { #expect(try await node.family.value(for: 7, operation) == 1) }
         #expect(source.withLock { $0.calls } == 1)
+        return (clock, level, source, operation, nodes)
+    }
+
+    /// Three replicas hold a key; a change made through one of them (its invalidator marks the key
+    /// stale in the second level, with a new version, and tells the others): every replica then
+    /// serves the new value, for one more source call in all, not three.
+    @Test func aChangeThroughOneReplicaIsLoadedOnceForTheFleet() async throws {
+        let (_, level, source, operation, nodes) = try await threeReplicasHoldingKey7()
 
         source.withLock { $0.value = 2 }
         try await nodes[0].invalidator.invalidate("numbers", key: "7")
@@ -486,20 +496,7 @@ import Testing
     /// message carries no version, and no replica takes the old entry back from the second level,
     /// where it is still fresh; the first to miss loads the new value, once, and the others take it.
     @Test func aChangeTheSecondLevelMissedIsNotUndoneByItsOldEntry() async throws {
-        let clock = VirtualClock()
-        let level = InMemorySecondLevel(clock: clock)
-        let network = InMemoryInvalidationNetwork()
-        let source = LockedValue((calls: 0, value: 1))
-        let operation: @Sendable (Int) async throws -> Int = { _ in
-            source.withLock { source in
-                source.calls += 1
-                return source.value
-            }
-        }
-        var nodes: [Node] = []
-        for _ in 0..<3 { nodes.append(await Node(level: level, network: network, clock: clock)) }
-        for node in nodes { #expect(try await node.family.value(for: 7, operation) == 1) }
-        #expect(source.withLock { $0.calls } == 1)
+        let (clock, level, source, operation, nodes) = try await threeReplicasHoldingKey7()
 
         source.withLock { $0.value = 2 }
         level.isDown = true

@@ -237,7 +237,9 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         let key = load.key
         guard let entry = try await bounded({ [options] in try await options.level.read(key) }) else { return nil }
         guard entry.version >= load.minimum else { return nil }
-        if let held = load.held, entry.succeededAt < held || (entry.succeededAt == held && entry.version == load.minimum) {
+        if let held = load.held,
+            entry.succeededAt < held || (entry.succeededAt == held && entry.version == load.minimum)
+        {
             return nil
         }
         let value: Value

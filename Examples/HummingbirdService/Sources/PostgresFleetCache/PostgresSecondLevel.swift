@@ -2,7 +2,6 @@ import AsyncStateKit
 import Foundation
 import Logging
 import PostgresNIO
-import Synchronization
 
 /// A second level (`AsyncStateSecondLevel`) in PostgreSQL, shared by every replica of a service
 /// that uses one database: a family or state given it costs the source one call per key for the
@@ -63,12 +62,23 @@ import Synchronization
 public final class PostgresSecondLevel: AsyncStateSecondLevel {
     private let client: PostgresClient
     private let logger: Logger
-    private let schema = Mutex<Task<Void, any Error>?>(nil)
+    private let schema: PostgresSchema
 
     /// A second level in `client`'s database (run the client in the service group).
     public init(client: PostgresClient, logger: Logger) {
         self.client = client
         self.logger = logger
+        schema = PostgresSchema(
+            client: client, logger: logger, lock: 7_160_232,
+            statements: [
+                "CREATE SEQUENCE IF NOT EXISTS async_state_versions",
+                """
+                CREATE UNLOGGED TABLE IF NOT EXISTS async_state_entries (
+                    key text PRIMARY KEY, payload bytea NOT NULL, succeeded_at float8 NOT NULL,
+                    fresh_until float8 NOT NULL, version bigint NOT NULL, lease_token bigint,
+                    lease_until timestamptz)
+                """,
+            ])
     }
 
     /// What a marker (an invalidated key with no value) stores as its dates.
@@ -202,36 +212,7 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
     }
 
     /// Creates the sequence and the table once per process (tried again after a failure).
-    private func prepare() async throws {
-        let task = schema.withLock { schema in
-            if let schema { return schema }
-            let (client, logger) = (client, logger)
-            let task = Task {
-                try await client.withTransaction(logger: logger) { connection in
-                    for statement: PostgresQuery in [
-                        "SELECT pg_advisory_xact_lock(7160232)",
-                        "CREATE SEQUENCE IF NOT EXISTS async_state_versions",
-                        """
-                        CREATE UNLOGGED TABLE IF NOT EXISTS async_state_entries (
-                            key text PRIMARY KEY, payload bytea NOT NULL, succeeded_at float8 NOT NULL,
-                            fresh_until float8 NOT NULL, version bigint NOT NULL, lease_token bigint,
-                            lease_until timestamptz)
-                        """,
-                    ] {
-                        for try await _ in try await connection.query(statement, logger: logger) {}
-                    }
-                }
-            }
-            schema = task
-            return task
-        }
-        do {
-            try await task.value
-        } catch {
-            schema.withLock { if $0 == task { $0 = nil } }
-            throw error
-        }
-    }
+    private func prepare() async throws { try await schema.prepare() }
 
     /// A row whose version is not one the sequence gives (someone wrote the table by hand).
     public struct CorruptRow: Error, CustomStringConvertible {

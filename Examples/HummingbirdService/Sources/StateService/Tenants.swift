@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import PostgresFleetCache
 import PostgresNIO
 import Synchronization
 
@@ -120,12 +121,17 @@ public struct DelayedTenantStore<C: Clock<Duration>>: TenantStore {
 public final class PostgresTenantStore: TenantStore {
     private let client: PostgresClient
     private let logger: Logger
-    private let schema = Mutex<Task<Void, any Error>?>(nil)
+    private let schema: PostgresSchema
 
     /// A store on `client` (run the client in the service group).
     public init(client: PostgresClient, logger: Logger) {
         self.client = client
         self.logger = logger
+        schema = PostgresSchema(
+            client: client, logger: logger, lock: 7_160_231,
+            statements: [
+                "CREATE TABLE IF NOT EXISTS tenant_configs (tenant text PRIMARY KEY, version bigint NOT NULL, settings text NOT NULL)"
+            ])
     }
 
     public func tenant(_ tenant: String) async throws -> TenantConfig {
@@ -153,37 +159,8 @@ public final class PostgresTenantStore: TenantStore {
         throw UpstreamError.unavailable
     }
 
-    /// Creates the table once per process (retried after a failure). Replicas starting together
-    /// serialize on an advisory lock: concurrent `CREATE TABLE IF NOT EXISTS` can otherwise fail.
-    private func prepare() async throws {
-        let task = schema.withLock { schema in
-            if let schema { return schema }
-            let (client, logger) = (client, logger)
-            let task = Task {
-                try await client.withTransaction(logger: logger) { connection in
-                    // Each read to its end: an error the server sends after the statement began is
-                    // thrown here, not lost with a sequence nobody reads.
-                    for statement: PostgresQuery in [
-                        "SELECT pg_advisory_xact_lock(7160231)",
-                        """
-                        CREATE TABLE IF NOT EXISTS tenant_configs (
-                            tenant text PRIMARY KEY, version bigint NOT NULL, settings text NOT NULL)
-                        """,
-                    ] {
-                        for try await _ in try await connection.query(statement, logger: logger) {}
-                    }
-                }
-            }
-            schema = task
-            return task
-        }
-        do {
-            try await task.value
-        } catch {
-            schema.withLock { if $0 == task { $0 = nil } }
-            throw error
-        }
-    }
+    /// Creates the table once per process (tried again after a failure).
+    private func prepare() async throws { try await schema.prepare() }
 
     private static func decode(_ settings: String) throws -> [String: String] {
         try JSONDecoder().decode([String: String].self, from: Data(settings.utf8))
