@@ -186,7 +186,7 @@ extension AsyncState {
     @inlinable @inline(never)
     func storeOperation(_ request: FetchRequest, _ operation: @escaping Operation) -> Operation {
         guard let secondLevel else { return operation }
-        return secondLevel.operation(in: store, fromSource: request == .refresh, operation)
+        return secondLevel.operation(in: store, request: request, operation)
     }
 
     /// Re-runs the fetch when the phase is ``AsyncPhase/failure(_:)`` or ``AsyncPhase/empty`` — with

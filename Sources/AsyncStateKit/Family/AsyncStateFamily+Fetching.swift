@@ -287,7 +287,7 @@ extension AsyncStateFamily {
         _ key: Key, _ store: AsyncStateStore<Value?>, _ request: FetchRequest, _ operation: @escaping Operation
     ) -> @Sendable () async throws -> Value? {
         guard let secondLevel = core.secondLevel else { return { try await operation(key) } }
-        return secondLevel.operation(for: key, in: store, fromSource: request == .refresh) { try await operation(key) }
+        return secondLevel.operation(for: key, in: store, request: request) { try await operation(key) }
     }
 
     /// A value a key's store answered with. A store answers with a value only after a success or a

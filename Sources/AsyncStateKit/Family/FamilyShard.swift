@@ -352,11 +352,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         guard let slot = table.slot(of: key) else { return nil }
         if let store = table.records[table.at(Int(slot))].store { return .live(store) }
         var data = compactData(at: table.at(Int(slot)))
-        if let version {
-            guard data.invalidate(now: now, expiry: configuration.expiry, version: version) != nil else { return nil }
-        } else {
-            _ = data.invalidate(now: now, expiry: configuration.expiry)
-        }
+        guard data.invalidate(now: now, expiry: configuration.expiry, version: version) != nil else { return nil }
         makeCompact(Int(slot), data)
         return entry(at: Int(slot))
     }

@@ -62,27 +62,27 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     /// knows exists, is not taken: a replica's data never gets older, even after it called its
     /// source without the lease (the second level was down, or a wait ran out).
     ///
-    /// With `fromSource` (a refresh), it takes no entry: it loads from the source as the lease's
-    /// holder, once any other holder's lease is over. What it does is reported to the store's
-    /// observer, as part of the fetch.
+    /// For a refresh (``FetchRequest/readsTheSource``), it takes no entry: it loads from the source
+    /// as the lease's holder, once any other holder's lease is over. What it does is reported to the
+    /// store's observer, as part of the fetch.
     @usableFromInline
     func operation<Key>(
-        for key: Key, in store: AsyncStateStore<Value?>, fromSource: Bool = false,
+        for key: Key, in store: AsyncStateStore<Value?>, request: FetchRequest,
         _ operation: @escaping @Sendable () async throws -> Value
     ) -> @Sendable () async throws -> Value? {
-        self.operation(named: self.key(for: String(describing: key)), in: store, fromSource: fromSource, operation) {
-            $0
-        }
+        self.operation(
+            named: self.key(for: String(describing: key)), in: store, fromSource: request.readsTheSource, operation
+        ) { $0 }
     }
 
-    /// A single state's operation (see ``operation(for:in:fromSource:_:)``): its entry is the
+    /// A single state's operation (see ``operation(for:in:request:_:)``): its entry is the
     /// namespace's own key (``stateKey``).
     @usableFromInline
     func operation(
-        in store: AsyncStateStore<Value>, fromSource: Bool = false,
+        in store: AsyncStateStore<Value>, request: FetchRequest,
         _ operation: @escaping @Sendable () async throws -> Value
     ) -> @Sendable () async throws -> Value {
-        self.operation(named: stateKey, in: store, fromSource: fromSource, operation) { $0 }
+        self.operation(named: stateKey, in: store, fromSource: request.readsTheSource, operation) { $0 }
     }
 
     /// A single state's key in the second level: its namespace and a colon (so that

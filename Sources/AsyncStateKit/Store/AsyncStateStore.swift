@@ -365,13 +365,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     @inlinable func invalidate(version: UInt64? = nil) {
         withCore(byCaller: true) { core, effects in
             let now = clock.now()
-            let visible: Bool
-            if let version {
-                guard let changed = core.machine.invalidate(now: now, version: version) else { return }
-                visible = changed
-            } else {
-                visible = core.machine.invalidate(now: now)
-            }
+            guard let visible = core.machine.invalidate(now: now, version: version) else { return }
             if events != nil { effects.invalidation = InvalidationCause.current }
             // Data already expired changes no snapshot, but its freshness must go for every reader
             // (`hasExpired(in:)` with a longer interval): published without notifying subscribers.

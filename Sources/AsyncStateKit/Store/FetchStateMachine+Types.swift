@@ -19,6 +19,11 @@ enum FetchRequest: Equatable, Sendable {
     /// data's freshness as it was, succeeding or failing (a list is as old as its first page); a
     /// ``value`` or ``fetch`` on expired data replaces such a flight instead of joining it.
     case loadMore
+
+    /// Whether the request asks the source itself, whatever a second level holds: a refresh does
+    /// (it is asked for because the value may have changed at the source); the others take a
+    /// fresh entry from the second level.
+    var readsTheSource: Bool { self == .refresh }
 }
 
 extension FetchStateMachine {

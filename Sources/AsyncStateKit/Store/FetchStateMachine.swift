@@ -341,10 +341,10 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         return data.invalidate(now: now, expiry: configuration.expiry)
     }
 
-    /// An invalidation that names the second-level version it makes current (see
+    /// An invalidation that may name the second-level version it makes current (see
     /// ``StateData/invalidate(now:expiry:version:)``): `nil` when ignored; otherwise as
     /// ``invalidate(now:)``.
-    @inlinable mutating func invalidate(now: Duration, version: UInt64) -> Bool? {
+    @inlinable mutating func invalidate(now: Duration, version: UInt64?) -> Bool? {
         guard let visible = data.invalidate(now: now, expiry: configuration.expiry, version: version) else {
             return nil
         }

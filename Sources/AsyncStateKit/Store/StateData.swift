@@ -191,13 +191,16 @@ struct StateData<Value: Sendable> {
         return freshSince - receivedAt
     }
 
-    /// An invalidation that names the second-level version it makes current: ignored (`nil`) when
-    /// this data is that version or newer already; otherwise ``invalidate(now:expiry:)``, and the
-    /// data knows that version exists (a load then takes no older entry). The one rule for a
-    /// state's machine and a family's compact entry.
-    @inlinable mutating func invalidate(now: Duration, expiry: Duration, version: UInt64) -> Bool? {
-        guard version > self.version else { return nil }
-        self.version = version
+    /// An invalidation, which may name the second-level version it makes current: one naming a
+    /// version is ignored (`nil`) when this data is that version or newer already; otherwise (and
+    /// always without a version) ``invalidate(now:expiry:)``, and the data knows the version exists
+    /// (a load then takes no older entry). The one rule for a state's machine and a family's
+    /// compact entry.
+    @inlinable mutating func invalidate(now: Duration, expiry: Duration, version: UInt64?) -> Bool? {
+        if let version {
+            guard version > self.version else { return nil }
+            self.version = version
+        }
         return invalidate(now: now, expiry: expiry)
     }
 
