@@ -82,8 +82,10 @@ extension AsyncStateStore {
     /// The body of an attempt's task: runs the operation, marked as this attempt for the reentrancy
     /// check, and reports how it ended — always, whatever it threw, so the machine sees every end.
     @inlinable func run(_ attempt: Machine.Attempt) -> @Sendable () async -> Void {
-        let marked = OperationContext.runningLocal.get() + [.init(store: ObjectIdentifier(self), attempt: attempt.id)]
-        let (operation, flight, id) = (attempt.operation, attempt.flight, attempt.id)
+        // Appended rather than concatenated: one array, not a literal and then their sum.
+        var running = OperationContext.runningLocal.get()
+        running.append(.init(store: ObjectIdentifier(self), attempt: attempt.id))
+        let (marked, operation, flight, id) = (running, attempt.operation, attempt.flight, attempt.id)
         return { [self] in
             let outcome: Machine.Outcome
             do {

@@ -44,7 +44,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         /// The callers waiting for a flight, by waiter id (see ``WaiterSlot``). Beside the machine, not
         /// in its flight: an outcome may reach a waiter before it registers, and is kept here for it
         /// after the flight has ended.
-        @usableFromInline var waiterSlots: [UInt64: WaiterSlot] = [:]
+        @usableFromInline var waiterSlots = WaiterSlots()
 
         @inlinable
         init(machine: Machine) {
@@ -67,11 +67,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         @usableFromInline var cancelled:
             (Task<Void, Never>?, Task<Void, Never>?, Task<Void, Never>?, Task<Void, Never>?) = (nil, nil, nil, nil)
         /// Waiters to resume (taken out of the table under the lock, by id), and with what.
-        @usableFromInline var resumed:
-            (
-                continuations: [(id: UInt64, continuation: UnsafeContinuation<WaiterOutcome, Never>)],
-                outcome: WaiterOutcome
-            )?
+        @usableFromInline var resumed: (waiters: ResumedWaiters, outcome: WaiterOutcome)?
         /// A waiter whose task was cancelled, to resume with ``WaiterOutcome/cancelled``.
         @usableFromInline var cancelledWaiter: UnsafeContinuation<WaiterOutcome, Never>?
         /// Events for the observer, in order (only with an observer).
@@ -117,12 +113,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             cancelled.2?.cancel()
             cancelled.3?.cancel()
             cancelledWaiter?.resume(returning: WaiterOutcome.cancelled)
-            if let resumed {
-                // In arrival order (ids grow), sorted here rather than under the lock.
-                for waiter in resumed.continuations.sorted(by: { $0.id < $1.id }) {
-                    waiter.continuation.resume(returning: resumed.outcome)
-                }
-            }
+            if let resumed { resumed.waiters.resume(with: resumed.outcome) }
         }
     }
 
@@ -211,7 +202,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// they arrived: those still waiting, each once (see ``AsyncStateEvent/Kind/waitEnded(error:)``).
     @inlinable
     func recordWaitsEnded(
-        _ ids: some Collection<Machine.WaiterID>, error: @autoclosure () -> (any Error)?, in core: Core,
+        _ ids: some Sequence<Machine.WaiterID>, error: @autoclosure () -> (any Error)?, in core: Core,
         _ effects: inout Effects
     ) {
         // `error` only with an observer: an error made into `any Error` is boxed, an allocation.
@@ -564,7 +555,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// that are children of one task group then finish in the order they were added, which the
     /// runtime's group handles in O(1) each (in hash order, its child list makes them quadratic).
     @inlinable func resume(
-        _ ids: Set<Machine.WaiterID>, with result: Result<Value, any Error>, in core: inout Core,
+        _ ids: WaiterIDs, with result: Result<Value, any Error>, in core: inout Core,
         _ effects: inout Effects
     ) {
         guard !ids.isEmpty else { return }

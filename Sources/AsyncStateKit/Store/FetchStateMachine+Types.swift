@@ -85,7 +85,7 @@ extension FetchStateMachine {
         /// Its current attempt, running or due.
         @usableFromInline var stage: Stage
         /// The callers waiting for its outcome: a set, so that one leaves in O(1).
-        @usableFromInline var waiters: Set<WaiterID>
+        @usableFromInline var waiters: WaiterIDs
         /// What it is for.
         @usableFromInline var kind: FlightKind
         /// Why it started (the observer's `started`).
@@ -99,7 +99,7 @@ extension FetchStateMachine {
         @usableFromInline var isPastSoftTimeout = false
         /// The waiters its soft timeout does not release (`refresh`, `retry`, periodic runs: they ask
         /// for new data); only kept with a soft timeout.
-        @usableFromInline var patientWaiters: Set<WaiterID> = []
+        @usableFromInline var patientWaiters = WaiterIDs()
         /// How failed attempts are retried.
         @usableFromInline var policy: RetryPolicy
         /// When the flight started (for the retry budget and the observer's duration).
@@ -113,7 +113,7 @@ extension FetchStateMachine {
 
         @inlinable
         init(
-            id: FlightID, operation: Operation, stage: Stage, waiters: Set<WaiterID>, kind: FlightKind,
+            id: FlightID, operation: Operation, stage: Stage, waiters: WaiterIDs, kind: FlightKind,
             reason: Reason, startedWithValue: Bool, expiresOnArrival: Bool, policy: RetryPolicy, startedAt: Duration,
             attempts: Int, random: SplitMix64, handles: Handles
         ) {
@@ -252,7 +252,7 @@ extension FetchStateMachine {
         /// The flight settled with `result` (its outcome): resume `waiters` with it — or, as `answer`
         /// says, with the value fail-safe answers instead.
         case settle(
-            waiters: Set<WaiterID>, result: Result<Value, any Error>, report: FlightReport, cancel: Handles,
+            waiters: WaiterIDs, result: Result<Value, any Error>, report: FlightReport, cancel: Handles,
             answer: SettleAnswer)
     }
 
@@ -271,7 +271,7 @@ extension FetchStateMachine {
         /// Nothing: the flight ended, or nobody waits, or there is no usable value.
         case none
         /// Resume `waiters` with `value`; the flight goes on in the background.
-        case answer(waiters: Set<WaiterID>, value: Value)
+        case answer(waiters: WaiterIDs, value: Value)
     }
 
     /// What to do after ``waiterCancelled(_:)``: what becomes of the flight. A waiter that was still in
@@ -293,7 +293,7 @@ extension FetchStateMachine {
         /// There was no flight.
         case none
         /// Cancel its handles and resume `waiters` (with what the event says).
-        case end(waiters: Set<WaiterID>, cancel: Handles)
+        case end(waiters: WaiterIDs, cancel: Handles)
     }
 
     /// The box of ``flightBox``.

@@ -442,7 +442,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         guard let value = softTimeoutValue(at: now), let flight = flightBox?.flight,
             flight.waiters.count > flight.patientWaiters.count
         else { return .none }
-        var readers = Set<WaiterID>()
+        var readers = WaiterIDs()
         mutateFlight {
             if $0.patientWaiters.isEmpty {
                 swap(&readers, &$0.waiters)
@@ -503,8 +503,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         let random = SplitMix64(seed: policy.seed ?? seeds.next())
         let hadValue = data.hasValue
         if flightBox == nil {
-            // Not `[waiter]`: an array literal would allocate an array on the way to the set.
-            var waiters = Set<WaiterID>()
+            var waiters = WaiterIDs()
             if let waiter { waiters.insert(waiter) }
             flightBox = FlightBox(
                 Flight(
@@ -641,7 +640,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     }
 
     /// Forgets the flight; returns its waiters and handles.
-    @inlinable mutating func takeFlight() -> (Set<WaiterID>, Handles) {
+    @inlinable mutating func takeFlight() -> (WaiterIDs, Handles) {
         let box = flightBox!
         flightBox = nil
         return (box.flight.waiters, box.flight.handles)

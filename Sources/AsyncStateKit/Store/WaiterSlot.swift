@@ -27,7 +27,7 @@ enum WaiterSlot: Sendable {
     /// `outcome` for a waiter that has not registered yet; `nil` when it is gone or already resolved.
     @inlinable
     static func take(
-        _ id: UInt64, settlingWith outcome: WaiterOutcome, in slots: inout [UInt64: WaiterSlot]
+        _ id: UInt64, settlingWith outcome: WaiterOutcome, in slots: inout WaiterSlots
     ) -> UnsafeContinuation<WaiterOutcome, Never>? {
         switch slots[id] {
         case .pending:
@@ -45,16 +45,40 @@ enum WaiterSlot: Sendable {
     /// (after the lock), with their ids.
     @inlinable
     static func take(
-        _ ids: Set<UInt64>, settlingWith outcome: WaiterOutcome, in slots: inout [UInt64: WaiterSlot]
-    ) -> [(id: UInt64, continuation: UnsafeContinuation<WaiterOutcome, Never>)] {
-        var continuations: [(id: UInt64, continuation: UnsafeContinuation<WaiterOutcome, Never>)] = []
-        continuations.reserveCapacity(ids.count)
+        _ ids: WaiterIDs, settlingWith outcome: WaiterOutcome, in slots: inout WaiterSlots
+    ) -> ResumedWaiters {
+        var resumed = ResumedWaiters()
         for id in ids {
             if let continuation = take(id, settlingWith: outcome, in: &slots) {
-                continuations.append((id, continuation))
+                resumed.append((id, continuation))
             }
         }
-        return continuations
+        return resumed
+    }
+}
+
+/// The continuations a settled flight resumes once the lock is released, with their waiters' ids:
+/// the first one inline, so that the usual flight — one caller — allocates no array for it.
+@usableFromInline
+struct ResumedWaiters {
+    @usableFromInline typealias Waiter = (id: UInt64, continuation: UnsafeContinuation<WaiterOutcome, Never>)
+
+    @usableFromInline var first: Waiter?
+    @usableFromInline var more: [Waiter] = []
+
+    @inlinable init() {}
+
+    @inlinable mutating func append(_ waiter: Waiter) {
+        if first == nil { first = waiter } else { more.append(waiter) }
+    }
+
+    /// Resumes every waiter with `outcome`, in arrival order (ids grow): sorted here, after the lock.
+    @inlinable func resume(with outcome: WaiterOutcome) {
+        guard let first else { return }
+        guard !more.isEmpty else { return first.continuation.resume(returning: outcome) }
+        for waiter in ([first] + more).sorted(by: { $0.id < $1.id }) {
+            waiter.continuation.resume(returning: outcome)
+        }
     }
 }
 
@@ -91,5 +115,171 @@ final class WaiterResult<Value: Sendable>: WaiterOutcome, @unchecked Sendable {
     @inlinable
     init(_ result: Result<Value, any Error>) {
         self.result = result
+    }
+}
+
+/// The ids of a flight's waiters: a set that holds one id inline, so that the usual flight — one
+/// caller — allocates no set storage. Iterated in no particular order (sort where order matters).
+@usableFromInline
+struct WaiterIDs: Sequence, Sendable, Equatable, ExpressibleByArrayLiteral {
+    @usableFromInline
+    enum Storage: Sendable {
+        case empty
+        case one(UInt64)
+        /// Two ids or more (never fewer: a removal that leaves one goes back to ``one(_:)``).
+        case many(Set<UInt64>)
+    }
+
+    @usableFromInline var storage: Storage = .empty
+
+    @inlinable init() {}
+
+    @inlinable init(arrayLiteral ids: UInt64...) {
+        for id in ids { insert(id) }
+    }
+
+    /// The same ids, whatever the storage.
+    @inlinable static func == (lhs: WaiterIDs, rhs: WaiterIDs) -> Bool {
+        lhs.count == rhs.count && lhs.allSatisfy(rhs.contains)
+    }
+
+    /// One of the ids (no particular one), or `nil` when there is none.
+    @inlinable var first: UInt64? {
+        var iterator = makeIterator()
+        return iterator.next()
+    }
+
+    @inlinable var isEmpty: Bool {
+        if case .empty = storage { return true }
+        return false
+    }
+
+    @inlinable var count: Int {
+        switch storage {
+        case .empty: return 0
+        case .one: return 1
+        case .many(let ids): return ids.count
+        }
+    }
+
+    @inlinable func contains(_ id: UInt64) -> Bool {
+        switch storage {
+        case .empty: return false
+        case .one(let only): return only == id
+        case .many(let ids): return ids.contains(id)
+        }
+    }
+
+    @inlinable mutating func insert(_ id: UInt64) {
+        switch storage {
+        case .empty:
+            storage = .one(id)
+        case .one(let only):
+            if only != id { storage = .many([only, id]) }
+        case .many(var ids):
+            storage = .empty  // `ids` is then the set's only reference: inserted in place
+            ids.insert(id)
+            storage = .many(ids)
+        }
+    }
+
+    @inlinable mutating func remove(_ id: UInt64) {
+        switch storage {
+        case .empty:
+            break
+        case .one(let only):
+            if only == id { storage = .empty }
+        case .many(var ids):
+            storage = .empty
+            ids.remove(id)
+            storage = ids.count == 1 ? .one(ids.first!) : .many(ids)
+        }
+    }
+
+    /// The ids that are not in `other`.
+    @inlinable func subtracting(_ other: WaiterIDs) -> WaiterIDs {
+        var remaining = WaiterIDs()
+        for id in self where !other.contains(id) { remaining.insert(id) }
+        return remaining
+    }
+
+    @inlinable func makeIterator() -> Iterator { Iterator(storage) }
+
+    @usableFromInline
+    struct Iterator: IteratorProtocol {
+        @usableFromInline var one: UInt64?
+        @usableFromInline var many: Set<UInt64>.Iterator?
+
+        @inlinable init(_ storage: Storage) {
+            switch storage {
+            case .empty: break
+            case .one(let only): one = only
+            case .many(let ids): many = ids.makeIterator()
+            }
+        }
+
+        @inlinable mutating func next() -> UInt64? {
+            if let only = one {
+                one = nil
+                return only
+            }
+            return many?.next()
+        }
+    }
+}
+
+/// A store's table of waiters, by id: one slot inline, so that a flight with one caller allocates
+/// no dictionary for it.
+@usableFromInline
+struct WaiterSlots: Sendable {
+    @usableFromInline
+    enum Storage: Sendable {
+        case empty
+        case one(UInt64, WaiterSlot)
+        /// Two slots or more (a removal that leaves one goes back to ``one(_:_:)``).
+        case many([UInt64: WaiterSlot])
+    }
+
+    @usableFromInline var storage: Storage = .empty
+
+    @inlinable init() {}
+
+    @inlinable var count: Int {
+        switch storage {
+        case .empty: return 0
+        case .one: return 1
+        case .many(let slots): return slots.count
+        }
+    }
+
+    /// Waiter `id`'s slot; setting `nil` removes it.
+    @inlinable subscript(id: UInt64) -> WaiterSlot? {
+        get {
+            switch storage {
+            case .empty: return nil
+            case .one(let only, let slot): return only == id ? slot : nil
+            case .many(let slots): return slots[id]
+            }
+        }
+        set {
+            switch storage {
+            case .empty:
+                if let newValue { storage = .one(id, newValue) }
+            case .one(let only, let slot):
+                if only == id {
+                    storage = newValue.map { .one(id, $0) } ?? .empty
+                } else if let newValue {
+                    storage = .many([only: slot, id: newValue])
+                }
+            case .many(var slots):
+                storage = .empty  // `slots` is then the dictionary's only reference: changed in place
+                slots[id] = newValue
+                if slots.count == 1, let (only, slot) = slots.first {
+                    storage = .one(only, slot)
+                } else {
+                    storage = .many(slots)
+                }
+            }
+        }
     }
 }
