@@ -170,7 +170,7 @@ import Testing
                 case .leftAndEndedFlight: return "resume+end"
                 }
             case .cancel: return describe(machine.cancel())
-            case .invalidate: return machine.invalidate(now: now) ? "publish" : "no-op"
+            case .invalidate: return machine.invalidate(now: now) == true ? "publish" : "no-op"
             case .set: return describe(machine.set([5], now: now, date: date(now)))
             case .setEmpty: return describe(machine.set([], now: now, date: date(now)))
             case .reset:

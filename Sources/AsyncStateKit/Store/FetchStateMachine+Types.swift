@@ -92,7 +92,7 @@ extension FetchStateMachine {
         @usableFromInline var reason: Reason
         /// Whether the state had a value when it started (a paged state's activity).
         @usableFromInline var startedWithValue: Bool
-        /// Set by ``invalidate(now:)`` during the flight: its result lands already expired.
+        /// Set by ``invalidate(now:version:)`` during the flight: its result lands already expired.
         @usableFromInline var expiresOnArrival: Bool
         /// Set when its soft timeout passed: it runs in the background since, and a reader that would
         /// join it is answered with a usable value at once instead.

@@ -336,15 +336,9 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     /// `invalidate()`: the data is expired now, for every interval, and so will be the result of the
     /// flight in flight (see ``StateData/invalidate(now:expiry:)``). Returns whether a snapshot
     /// changed (publish it then); either way the freshness readers test must be the machine's again.
-    @inlinable mutating func invalidate(now: Duration) -> Bool {
-        mutateFlight { $0.expiresOnArrival = true }
-        return data.invalidate(now: now, expiry: configuration.expiry)
-    }
-
-    /// An invalidation that may name the second-level version it makes current (see
-    /// ``StateData/invalidate(now:expiry:version:)``): `nil` when ignored; otherwise as
-    /// ``invalidate(now:)``.
-    @inlinable mutating func invalidate(now: Duration, version: UInt64?) -> Bool? {
+    /// An invalidation that names a second-level version the data already has (or a newer one) is
+    /// ignored: `nil` (see ``StateData/invalidate(now:expiry:version:)``); one without is never.
+    @inlinable mutating func invalidate(now: Duration, version: UInt64? = nil) -> Bool? {
         guard let visible = data.invalidate(now: now, expiry: configuration.expiry, version: version) else {
             return nil
         }
