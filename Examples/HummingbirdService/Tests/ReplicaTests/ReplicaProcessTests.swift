@@ -33,13 +33,7 @@ extension RealServerTests {
             defer {
                 if !stopped { for replica in replicas where replica.process.isRunning { replica.process.terminate() } }
             }
-            let listening = "async_state_bus_listening{channel=\"\(channel)\"}"
-            for replica in replicas {
-                let up = try await eventually(timeout: .seconds(60)) {
-                    try await replica.metric(listening, client: client) == 1
-                }
-                try #require(up, "replica on port \(replica.port) never listened; see \(replica.log.path)")
-            }
+            for replica in replicas { try await replica.waitUntilListening(on: channel, client: client) }
 
             var agreement: [Duration] = []
             var restartedAgreement: Duration?
@@ -47,27 +41,13 @@ extension RealServerTests {
                 if write == Self.restartBeforeWrite { try Server.restart() }
                 // A write through one replica, retried while the server is down (503).
                 let writer = replicas[write % replicas.count]
-                var version: Int?
-                let written = try await eventually(timeout: .seconds(60)) {
-                    let (status, body) = try await client.call(
-                        "\(writer.base)/config/\(tenant)", method: .PUT, body: #"{"write":"\#(write)"}"#,
-                        token: Server.writeToken)
-                    guard status == 200 else { return false }
-                    version = try JSONDecoder().decode(Config.self, from: Data(body.utf8)).version
-                    return true
-                }
-                try #require(written, "write \(write) was not accepted for a minute")
-                let expected = try #require(version)
+                let expected = try await writer.write(tenant, ["write": "\(write)"], client: client)
                 let start = ContinuousClock.now
 
                 // Every replica must serve it (or something newer) before the expiry.
                 for replica in replicas {
-                    let serves = try await eventually(timeout: Self.expiry) {
-                        let (status, body) = try await client.call("\(replica.base)/config/\(tenant)")
-                        guard status == 200, let config = try? JSONDecoder().decode(Config.self, from: Data(body.utf8))
-                        else { return false }
-                        return config.version >= expected
-                    }
+                    let serves = try await replica.serves(
+                        tenant, version: expected, within: Self.expiry, client: client)
                     try #require(
                         serves,
                         "replica on port \(replica.port) still served a version before \(expected) \(Self.expiry) after write \(write)"
@@ -86,7 +66,8 @@ extension RealServerTests {
                         ?? 0 >= 1
                 }
                 #expect(reconnected, "replica on port \(replica.port) never reconnected; see \(replica.log.path)")
-                #expect(try await replica.metric(listening, client: client) == 1)
+                #expect(
+                    try await replica.metric("async_state_bus_listening{channel=\"\(channel)\"}", client: client) == 1)
             }
             for replica in replicas { #expect(await replica.stop() == 0) }
             stopped = true
@@ -142,10 +123,6 @@ extension RealServerTests {
             // The first write finds the tenant in no replica's family: nothing to invalidate, no span.
             #expect(unseenLocally <= 1)
             #expect(linkedOnBoth >= Self.writes - 5)
-        }
-
-        struct Config: Decodable {
-            var version: Int
         }
     }
 }

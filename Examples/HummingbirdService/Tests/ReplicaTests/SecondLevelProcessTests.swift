@@ -16,12 +16,6 @@ extension RealServerTests {
         static let expiry = Duration.seconds(600)
         static let outage = Duration.seconds(5)
 
-        /// What a replica serves for a tenant.
-        struct Config: Decodable {
-            var version: Int
-            var settings: [String: String]
-        }
-
         @Test(.timeLimit(.minutes(10)))
         func theFleetCostsTheTenantStoreOneReadPerChange() async throws {
             let directory = FileManager.default.temporaryDirectory.appendingPathComponent("second-level-\(UUID())")
@@ -47,7 +41,7 @@ extension RealServerTests {
                 configuration: HTTPClient.Configuration(
                     connectionPool: .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: 250)))
             do {
-                try await waitUntilListening(replicas, channel: channel, client: client)
+                for replica in replicas { try await replica.waitUntilListening(on: channel, client: client) }
                 try await run(&replicas, tenant: tenant, environment: environment, directory: directory, client: client)
             } catch {
                 for replica in replicas where replica.process.isRunning { replica.process.terminate() }
@@ -64,14 +58,14 @@ extension RealServerTests {
             client: HTTPClient
         ) async throws {
             // 1. A thousand concurrent cold requests on each replica: one read of the store.
-            let created = try await write(tenant, ["stage": "cold"], through: replicas[0], client: client)
+            let created = try await replicas[0].write(tenant, ["stage": "cold"], client: client)
             #expect(try await reads(replicas, client) == 0)
             let bases = replicas.map(\.base)
             let served = try await withThrowingTaskGroup(of: Int?.self) { group in
                 // Round robin: the three replicas' first requests arrive together.
                 for _ in 0..<1_000 {
                     for base in bases {
-                        group.addTask { try await Self.config(tenant, at: base, client: client)?.version }
+                        group.addTask { try await servedConfig(tenant, at: base, client: client)?.version }
                     }
                 }
                 return try await group.reduce(into: [Int?]()) { $0.append($1) }
@@ -91,8 +85,7 @@ extension RealServerTests {
             var agreement: [Duration] = []
             var latest = created
             for write in 1...Self.writes {
-                latest = try await self.write(
-                    tenant, ["write": "\(write)"], through: replicas[write % replicas.count], client: client)
+                latest = try await replicas[write % replicas.count].write(tenant, ["write": "\(write)"], client: client)
                 let start = ContinuousClock.now
                 try await expectAllServe(tenant, version: latest, replicas, client: client)
                 agreement.append(ContinuousClock.now - start)
@@ -109,8 +102,8 @@ extension RealServerTests {
             // 3. A replica started after the others serves from the second level, without a read.
             let late = try Replica(name: "replica-late", environment: environment, directory: directory)
             replicas.append(late)
-            try await waitUntilListening([late], channel: environment["INVALIDATION_CHANNEL"]!, client: client)
-            #expect(try await config(tenant, from: late, client: client)?.version == latest)
+            try await late.waitUntilListening(on: environment["INVALIDATION_CHANNEL"]!, client: client)
+            #expect(try await servedConfig(tenant, at: late.base, client: client)?.version == latest)
             #expect(try await reads([late], client) == 0)
             #expect(
                 try await late.metricSum(
@@ -118,7 +111,7 @@ extension RealServerTests {
 
             // 4. Garbage in the table for a key: never served, the key read again once, replaced.
             let spoiled = tenant + "-g"
-            let spoiledVersion = try await write(spoiled, ["stage": "garbage"], through: replicas[1], client: client)
+            let spoiledVersion = try await replicas[1].write(spoiled, ["stage": "garbage"], client: client)
             try await withClient { admin in
                 let key = "tenants:\(spoiled)"
                 let now = Date().timeIntervalSinceReferenceDate
@@ -133,7 +126,7 @@ extension RealServerTests {
             }
             let beforeGarbage = try await reads(replicas, client)
             for replica in replicas {
-                let config = try await self.config(spoiled, from: replica, client: client)
+                let config = try await servedConfig(spoiled, at: replica.base, client: client)
                 #expect(config?.version == spoiledVersion && config?.settings == ["stage": "garbage"])
             }
             #expect(try await reads(replicas, client) - beforeGarbage == 1)
@@ -160,48 +153,16 @@ extension RealServerTests {
                 "second level: PostgreSQL stopped for \(Self.outage): \(answered) requests answered, \(failed) failed")
             #expect(failed == 0)
             #expect(answered > 100)
-            let after = try await write(tenant, ["stage": "after the outage"], through: replicas[2], client: client)
+            let after = try await replicas[2].write(tenant, ["stage": "after the outage"], client: client)
             try await expectAllServe(tenant, version: after, replicas, client: client)
         }
 
-        /// Writes `settings` for `tenant` through `replica` (retried while the store is down); the
-        /// tenant's new version.
-        private func write(_ tenant: String, _ settings: [String: String], through replica: Replica, client: HTTPClient)
-            async throws -> Int
-        {
-            let body = String(decoding: try JSONEncoder().encode(settings), as: UTF8.self)
-            var version: Int?
-            let written = try await eventually(timeout: .seconds(60)) {
-                let (status, answer) = try await client.call(
-                    "\(replica.base)/config/\(tenant)", method: .PUT, body: body, token: Server.writeToken)
-                guard status == 200 else { return false }
-                version = try JSONDecoder().decode(Config.self, from: Data(answer.utf8)).version
-                return true
-            }
-            try #require(written, "a write to \(tenant) was not accepted for a minute")
-            return try #require(version)
-        }
-
-        /// What `replica` serves for `tenant`, or `nil` for anything but a 200.
-        private func config(_ tenant: String, from replica: Replica, client: HTTPClient) async throws -> Config? {
-            try await Self.config(tenant, at: replica.base, client: client)
-        }
-
-        /// What the replica at `base` serves for `tenant`, or `nil` for anything but a 200.
-        private static func config(_ tenant: String, at base: String, client: HTTPClient) async throws -> Config? {
-            let (status, body) = try await client.call("\(base)/config/\(tenant)")
-            guard status == 200 else { return nil }
-            return try? JSONDecoder().decode(Config.self, from: Data(body.utf8))
-        }
-
-        /// Polls every replica until it serves `version` of `tenant` (or newer).
+        /// Requires every replica to serve `version` of `tenant` (or newer) within 20 s.
         private func expectAllServe(_ tenant: String, version: Int, _ replicas: [Replica], client: HTTPClient)
             async throws
         {
             for replica in replicas {
-                let serves = try await eventually(timeout: .seconds(20)) {
-                    try await config(tenant, from: replica, client: client)?.version ?? 0 >= version
-                }
+                let serves = try await replica.serves(tenant, version: version, within: .seconds(20), client: client)
                 try #require(serves, "replica on port \(replica.port) never served version \(version) of \(tenant)")
             }
         }
@@ -227,15 +188,6 @@ extension RealServerTests {
                     try await $0.metricSum(
                         "async_state_second_level_total", containing: [#"event="\#(event)""#], client: client)
                 })
-        }
-
-        private func waitUntilListening(_ replicas: [Replica], channel: String, client: HTTPClient) async throws {
-            for replica in replicas {
-                let up = try await eventually(timeout: .seconds(60)) {
-                    try await replica.metric("async_state_bus_listening{channel=\"\(channel)\"}", client: client) == 1
-                }
-                try #require(up, "replica on port \(replica.port) never listened; see \(replica.log.path)")
-            }
         }
 
         /// Requests `tenants` from every replica, one after another on each, while `body` runs; how many

@@ -198,6 +198,37 @@ final class Replica {
         }
     }
 
+    /// Waits up to a minute for the replica's bus to listen on `channel` (its gauge at 1).
+    func waitUntilListening(on channel: String, client: HTTPClient) async throws {
+        let up = try await eventually(timeout: .seconds(60)) {
+            try await metric("async_state_bus_listening{channel=\"\(channel)\"}", client: client) == 1
+        }
+        try #require(up, "replica on port \(port) never listened; see \(log.path)")
+    }
+
+    /// Writes `settings` for `tenant` through this replica (retried for a minute while it refuses:
+    /// 503 while PostgreSQL is down); the tenant's new version.
+    func write(_ tenant: String, _ settings: [String: String], client: HTTPClient) async throws -> Int {
+        let body = String(decoding: try JSONEncoder().encode(settings), as: UTF8.self)
+        var version: Int?
+        let written = try await eventually(timeout: .seconds(60)) {
+            let (status, answer) = try await client.call(
+                "\(base)/config/\(tenant)", method: .PUT, body: body, token: Server.writeToken)
+            guard status == 200 else { return false }
+            version = try JSONDecoder().decode(ServedConfig.self, from: Data(answer.utf8)).version
+            return true
+        }
+        try #require(written, "a write of \(settings) to \(tenant) was not accepted for a minute")
+        return try #require(version)
+    }
+
+    /// Whether the replica serves `version` of `tenant` (or a newer one) within `timeout`.
+    func serves(_ tenant: String, version: Int, within timeout: Duration, client: HTTPClient) async throws -> Bool {
+        try await eventually(timeout: timeout) {
+            try await servedConfig(tenant, at: base, client: client)?.version ?? 0 >= version
+        }
+    }
+
     /// The sum of the values of the metric `name`'s lines (with any labels) that contain every one
     /// of `fragments` (`event="hit"`); 0 when there are none.
     func metricSum(_ name: String, containing fragments: [String] = [], client: HTTPClient) async throws -> Double {
@@ -222,6 +253,20 @@ final class Replica {
         }
         return nil
     }
+}
+
+/// A tenant's configuration as a replica serves it (`GET` and `PUT /config/:tenant`).
+struct ServedConfig: Decodable, Equatable {
+    var version: Int
+    var settings: [String: String]
+}
+
+/// What the replica at `base` serves for `tenant`, or `nil` for anything but a 200 with a
+/// configuration.
+func servedConfig(_ tenant: String, at base: String, client: HTTPClient) async throws -> ServedConfig? {
+    let (status, body) = try await client.call("\(base)/config/\(tenant)")
+    guard status == 200 else { return nil }
+    return try? JSONDecoder().decode(ServedConfig.self, from: Data(body.utf8))
 }
 
 extension HTTPClient {
