@@ -551,8 +551,8 @@ import Testing
     }
 
     /// A message without a version still invalidates a family with a second level (a sender whose
-    /// second level failed, or without one), and one for a state without a second level ignores the
-    /// version.
+    /// second level failed, or without one), and a family or a state without a second level ignores
+    /// the version.
     @Test func aMessageWithoutAVersionStillInvalidates() async throws {
         let clock = VirtualClock()
         let level = InMemorySecondLevel(clock: clock)
@@ -565,9 +565,17 @@ import Testing
         node.invalidator.apply(.invalidate(AsyncStateInvalidation(topic: "numbers", key: "1")))
         #expect(node.family.snapshot(for: 1)?.isExpired == true)
         #expect(plain.snapshot(for: 1)?.isExpired == true)
-        _ = try await plain.value(for: 1) { $0 }
-        node.invalidator.apply(.invalidate(AsyncStateInvalidation(topic: "numbers", key: "1", version: 9)))
-        #expect(plain.snapshot(for: 1)?.isExpired == true)
+        // A subscriber without a second level ignores versions: the same version again, or an
+        // older one, invalidates it each time (a family's key and a whole state alike).
+        let state = AsyncState(wrappedValue: 0, expiry: .seconds(120), clock: clock)
+        node.invalidator.subscribe(state, to: "numbers")
+        for version: UInt64 in [9, 9, 3] {
+            _ = try await plain.value(for: 1) { $0 }
+            _ = try await state.value { 1 }
+            node.invalidator.apply(.invalidate(AsyncStateInvalidation(topic: "numbers", key: "1", version: version)))
+            #expect(plain.snapshot(for: 1)?.isExpired == true, "version \(version)")
+            #expect(state.snapshot.isExpired, "version \(version)")
+        }
         node.runner.cancel()
     }
 

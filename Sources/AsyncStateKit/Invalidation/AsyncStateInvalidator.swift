@@ -137,7 +137,7 @@ public final class AsyncStateInvalidator: Sendable {
             topic, isAlive: { store.value != nil },
             invalidate: { _, version in
                 guard let store = store.value else { return false }
-                store.invalidate(version: secondLevel == nil ? nil : version)
+                store.invalidate(version: version)
                 return true
             },
             invalidateSecondLevel: invalidateSecondLevel)
@@ -184,11 +184,10 @@ public final class AsyncStateInvalidator: Sendable {
         keys: @escaping @Sendable (String, FamilyCore<Key, Value>) -> [Key]
     ) {
         let core = WeakBox(family.core)
-        // With a second level, a keyed message's version applies (without one, it means nothing
-        // here), and a change made here is marked there first.
-        let hasSecondLevel = family.core.secondLevel != nil
+        // With a second level, a keyed message's version applies, and a change made here is marked
+        // there first.
         var invalidateSecondLevel: (@Sendable (Target) async -> UInt64?)?
-        if hasSecondLevel {
+        if family.core.secondLevel != nil {
             invalidateSecondLevel = { target in
                 guard let family = core.value, let secondLevel = family.secondLevel else { return nil }
                 switch target {
@@ -214,7 +213,7 @@ public final class AsyncStateInvalidator: Sendable {
                 guard let core = core.value else { return false }
                 switch target {
                 case .key(let key):
-                    for match in keys(key, core) { core.invalidate(match, version: hasSecondLevel ? version : nil) }
+                    for match in keys(key, core) { core.invalidate(match, version: version) }
                 case .tag(let tag): core.invalidate(tag: tag)
                 case .all: core.invalidate { _ in true }
                 }
@@ -400,10 +399,13 @@ public final class AsyncStateInvalidator: Sendable {
         invalidateSecondLevel: (@Sendable (Target) async -> UInt64?)? = nil
     ) {
         prune()
-        subscriptions.withLock {
-            $0[topic, default: []].append(
-                Subscription(isAlive: isAlive, invalidate: invalidate, invalidateSecondLevel: invalidateSecondLevel))
-        }
+        // A message's version is the second level's: to a subscriber without one it means nothing,
+        // and it gets none (its data's version stays 0, and the message always applies).
+        var applying = invalidate
+        if invalidateSecondLevel == nil { applying = { target, _ in invalidate(target, nil) } }
+        let subscription = Subscription(
+            isAlive: isAlive, invalidate: applying, invalidateSecondLevel: invalidateSecondLevel)
+        subscriptions.withLock { $0[topic, default: []].append(subscription) }
     }
 
     /// Drops the subscriptions whose subscriber is gone.
