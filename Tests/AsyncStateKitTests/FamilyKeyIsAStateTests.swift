@@ -65,6 +65,43 @@ import Testing
         #expect(try await later.withLock { $0 }!.value == 10)
     }
 
+    /// A task an operation started carries the operation's mark after the operation's store is gone.
+    /// The next store made on the same thread usually takes the freed store's address (it did in
+    /// every round when this test was written), and its first flight had the same attempt number:
+    /// the task's call was refused as reentrant instead of joining that flight.
+    @Test func aTaskAnOperationStartedJoinsAnotherKeysFlightAfterTheOperationsStoreIsGone() async throws {
+        let clock = VirtualClock()
+        let family = AsyncStateFamily<Int, Int>(clock: clock)
+        for round in 0..<50 {
+            let (old, new) = (2 * round, 2 * round + 1)
+            let child = LockedValue<Task<Int, any Error>?>(nil)
+            // One task frees `old`'s store (its entry becomes compact) and makes `new`'s.
+            let flight = clock.task {
+                _ = try await family.value(for: old) { _ in
+                    child.withLock {
+                        $0 = clock.task {
+                            try await clock.sleep(for: .seconds(1))
+                            return try await family.value(for: new) { _ in -1 }
+                        }
+                    }
+                    return 0
+                }
+                return try await family.value(for: new) { _ in
+                    try await clock.sleep(for: .seconds(2))
+                    return 7
+                }
+            }
+            await clock.advance(by: .seconds(1))  // the child asks while `new`'s flight runs
+            await clock.advance(by: .seconds(1))
+            #expect(try await flight.value == 7)
+            let childTask = child.withLock { $0 }!
+            switch await childTask.result {
+            case .success(let value): #expect(value == 7, "round \(round)")
+            case .failure(let error): Issue.record("round \(round): \(error)")
+            }
+        }
+    }
+
     @Test func aFamilyOfCollectionsOrOptionalsTreatsEmptyAsAStateDoes() async throws {
         let clock = VirtualClock()
         let lists = AsyncStateFamily<Int, [Int]>(clock: clock)

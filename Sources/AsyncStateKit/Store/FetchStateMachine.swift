@@ -3,6 +3,7 @@
 // They are `@usableFromInline` rather than `private` because the machine is inlinable: a miss runs it
 // specialized in the caller's module (see Architecture.md, "Specialized in the caller's module").
 public import Foundation
+public import Synchronization
 
 /// The pure heart of an ``AsyncState``: every event is a `mutating func` that takes the current
 /// instant as an argument, changes the state, and returns what the shell must do.
@@ -42,7 +43,7 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     /// Where the flight lives: boxed, so that an idle state does not carry it inline. Copied on write
     /// (``mutateFlight(_:)``), so the machine keeps value semantics.
     @usableFromInline var flightBox: FlightBox?
-    /// The last id handed out to a flight or an attempt.
+    /// The last id this machine handed out to a flight or an attempt (see ``nextID()``).
     @usableFromInline var lastID: UInt64 = 0
     /// Attempts that timed out and whose operation has not returned yet (it was cancelled, but may
     /// ignore cancellation).
@@ -660,10 +661,22 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         body(&flightBox!.flight)
     }
 
+    /// A new flight or attempt id, unique in the process rather than in this machine: a task marked
+    /// as running an attempt (``OperationContext``) may outlive the attempt's store, and the store
+    /// made next for another key may take the freed store's address. With per-machine ids that
+    /// store's first flight had the same attempt id, and a call from the task was refused as
+    /// reentrant instead of joining it.
     @inlinable mutating func nextID() -> UInt64 {
-        lastID &+= 1
+        lastID = MachineIDs.last.add(1, ordering: .relaxed).newValue
         return lastID
     }
+}
+
+/// The ids of every machine's flights and attempts (see ``FetchStateMachine/nextID()``).
+@usableFromInline
+enum MachineIDs {
+    /// The last id handed out. 2⁶⁴ ids do not run out.
+    @usableFromInline static let last = Atomic<UInt64>(0)
 }
 
 extension FetchStateMachine {
