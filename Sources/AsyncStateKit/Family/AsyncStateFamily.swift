@@ -311,8 +311,14 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         _ observer: (any AsyncStateObserver)?, _ secondLevel: AsyncStateSecondLevelOptions<Value>?,
         isEmpty: @escaping @Sendable (Value) -> Bool
     ) {
+        // `guard let` rather than `map`: this closure is generic code, and `Optional.map` looked up its
+        // metadata on every success.
         let configuration = StoreConfiguration<Value?>(
-            expiry: expiry, failureExpiry: failureExpiry, isEmpty: { $0.map(isEmpty) ?? false }, retry: retry,
+            expiry: expiry, failureExpiry: failureExpiry,
+            isEmpty: { value in
+                guard let value else { return false }
+                return isEmpty(value)
+            }, retry: retry,
             timeout: timeout, softTimeout: softTimeout, staleWhileRevalidate: staleWhileRevalidate,
             refreshAfter: refreshAfter, maxStaleAge: maxStaleAge)
         core = FamilyCore(

@@ -259,16 +259,18 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     nonisolated(nonsending) func using<Result>(_ key: Key, _ body: (Store) async throws -> Result) async rethrows
         -> Result
     {
-        let store = pin(key)
+        // The caller's reference is moved into the call, so that it is gone by the unpin: a store
+        // nothing else references is kept as a spare (see ``FamilyShard/unpin(_:)``).
+        var store = Optional(pin(key))
         defer { unpin(key) }
-        return try await body(store)
+        return try await body(store.take().unsafelyUnwrapped)
     }
 
     /// As ``using(_:_:)``, for synchronous work.
     @inlinable func usingNow<Result>(_ key: Key, _ body: (Store) throws -> Result) rethrows -> Result {
-        let store = pin(key)
+        var store = Optional(pin(key))
         defer { unpin(key) }
-        return try body(store)
+        return try body(store.take().unsafelyUnwrapped)
     }
 
     /// Marks `key`'s entry in use and returns its store (see ``using(_:_:)``). Every pin needs its
@@ -279,15 +281,15 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         let (store, inserted) = shard(for: key).withLock { shard in
             shard.pin(
                 key, at: now,
-                make: {
-                    Store(
-                        initialValue: nil, configuration: configuration, clock: clock, seed: nextSeed(),
-                        observation: observation(of: key))
+                make: { spare in
+                    Store.around(
+                        Store.Machine(initialValue: nil, configuration: configuration, seed: nextSeed()), clock: clock,
+                        observation: observation(of: key), reusing: spare)
                 },
-                restore: {
-                    Store(
-                        restoring: $0, initialValue: nil, configuration: configuration, clock: clock, seed: nextSeed(),
-                        observation: observation(of: key))
+                restore: { data, spare in
+                    Store.restoring(
+                        data, initialValue: nil, configuration: configuration, clock: clock, seed: nextSeed(),
+                        observation: observation(of: key), reusing: spare)
                 })
         }
         if inserted { entered(key) }

@@ -102,6 +102,11 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     @usableFromInline var idle = IdleHeap()
     /// Each entry's callers between `pin` and `unpin`, by slot.
     @usableFromInline var users: [Int32] = []
+    /// Stores of entries that became compact, which nobody else references, kept to be made anew
+    /// for the next entries made live (``AsyncStateStore/around(_:clock:observation:reusing:)``):
+    /// a miss then allocates no store, no locks and no cell, and frees none when it settles. Never
+    /// stores with an observer. At most ``spareLimit``.
+    @usableFromInline var spareStores: [Store] = []
     /// What a compact entry keeps off the hit path, by slot (`nil` for a live entry).
     @usableFromInline var metadata: [Metadata?] = []
     /// Each entry's weight, by slot (0 without a value; never negative), and their sum: in `Int128`,
@@ -262,10 +267,11 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     // MARK: Using an entry
 
     /// `key`'s store, for a caller that will use it until ``unpin(_:)``: made with `make` for a new
-    /// key, restored with `restore` from a compact entry's data. The access at `now` makes the entry
-    /// the most recently used. Returns whether the key's entry is new.
+    /// key, restored with `restore` from a compact entry's data, each given a spare store to make
+    /// anew if the shard has one (``spareStores``). The access at `now` makes the entry the most
+    /// recently used. Returns whether the key's entry is new.
     @inlinable mutating func pin(
-        _ key: Key, at now: Duration, make: () -> Store, restore: (Data) -> Store
+        _ key: Key, at now: Duration, make: (Store?) -> Store, restore: (Data, Store?) -> Store
     ) -> (store: Store, inserted: Bool) {
         let hash = key.hashValue
         if let slot = table.slot(of: key, hash: hash) {
@@ -273,11 +279,11 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
             let i = Int(slot)
             users[i] += 1
             if let store = table.records[table.at(i)].store { return (store, false) }
-            let store = restore(compactData(at: table.at(i)))
+            let store = restore(compactData(at: table.at(i)), spareStores.popLast())
             makeLive(i, store)
             return (store, false)
         }
-        let store = make()
+        let store = make(spareStores.popLast())
         let slot = insert(key, hash: hash, at: now)
         makeLive(Int(slot), store)
         users[Int(slot)] = 1
@@ -291,11 +297,21 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         let i = Int(slot)
         users[i] -= 1
         weigh(i)
-        guard let store = table.records[table.at(i)].store, let data = store.restingData(users: users[i]) else {
+        guard var store = table.records[table.at(i)].store, let data = store.restingData(users: users[i]) else {
             return
         }
         makeCompact(i, data)
+        // The entry no longer holds the store. If nothing else does either — no task, timer or
+        // reader (they hold it strongly, and reach it only through the entry, under this lock) —
+        // it is kept for the next store this shard makes.
+        if spareStores.count < Self.spareLimit, store.events == nil, isKnownUniquelyReferenced(&store) {
+            spareStores.append(store)
+        }
     }
+
+    /// The most spare stores a shard keeps: enough for the misses that settle between two of its
+    /// pins, few enough to weigh nothing beside the entries.
+    @inlinable static var spareLimit: Int { 2 }
 
     /// Weighs the entry at `slot` again (its value may have changed). Without a weigher, nothing.
     @inlinable mutating func weigh(_ slot: Int) {

@@ -33,6 +33,9 @@ extension AsyncStateStore {
     /// the memory the runtime gives a new task (984 bytes), and a joiner mallocs no second slab.
     @inlinable @inline(__always)
     func wait(_ waiter: Machine.WaiterID) async throws -> Value {
+        // A flight that settled before its caller waits (an operation that answered without
+        // suspending) needs no cancellation handler and no continuation.
+        if let settled = settledOutcome(of: waiter) { return try settled.result(as: Value.self) }
         let outcome = await withTaskCancellationHandler {
             await withUnsafeContinuation { (continuation: UnsafeContinuation<WaiterOutcome, Never>) in
                 let early = core.withLock { core -> WaiterOutcome? in
@@ -54,6 +57,17 @@ extension AsyncStateStore {
             waiterCancelled(waiter)
         }
         return try outcome.result(as: Value.self)
+    }
+
+    /// The outcome of `waiter`, taken out of the table, if its flight has already answered it; else
+    /// `nil` (it then waits). Never inlined: its locals stay out of the waiting caller's frame.
+    @inlinable @inline(never)
+    func settledOutcome(of waiter: Machine.WaiterID) -> WaiterOutcome? {
+        core.withLock { core in
+            guard case .resolved(let outcome) = core.waiterSlots[waiter] else { return nil }
+            core.waiterSlots[waiter] = nil
+            return outcome
+        }
     }
 
     /// The number of waiters whose slots are still in the table (for tests).

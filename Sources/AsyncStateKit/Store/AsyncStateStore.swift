@@ -131,14 +131,39 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             clock: clock, observation: observation)
     }
 
-    /// Creates a store whose data is `data`, at rest (see ``FetchStateMachine/restingData``).
-    @inlinable convenience init(
-        restoring data: StateData<Value>, initialValue: Value, configuration: StoreConfiguration<Value>,
-        clock: StoreClock, seed: UInt64, observation: Observation? = nil
-    ) {
+    /// A store whose data is `data`, at rest (see ``FetchStateMachine/restingData``): `spare` made
+    /// anew if there is one (see ``around(_:clock:observation:reusing:)``).
+    @inlinable static func restoring(
+        _ data: StateData<Value>, initialValue: Value, configuration: StoreConfiguration<Value>,
+        clock: StoreClock, seed: UInt64, observation: Observation?, reusing spare: AsyncStateStore?
+    ) -> AsyncStateStore {
         let machine = Machine(restoring: data, initialValue: initialValue, configuration: configuration, seed: seed)
-        self.init(machine, clock: clock, observation: observation)
-        publish(machine, at: clock.now())
+        let store = around(machine, clock: clock, observation: observation, reusing: spare)
+        store.publish(machine, at: clock.now())
+        return store
+    }
+
+    /// A store around `machine`: `spare`, made anew (``reset(_:)``), if there is one; else a new
+    /// store. A spare must be a store that nobody else references and that has no observer, on the
+    /// same clock and configuration (a family keeps the stores of its entries that became compact:
+    /// see ``FamilyShard/spareStores``).
+    @inlinable static func around(
+        _ machine: Machine, clock: StoreClock, observation: Observation?, reusing spare: AsyncStateStore?
+    ) -> AsyncStateStore {
+        guard let spare else { return AsyncStateStore(machine, clock: clock, observation: observation) }
+        spare.reset(machine)
+        return spare
+    }
+
+    /// Makes this store what ``init(_:clock:observation:)`` makes around `machine`: its core new and
+    /// its cell's contents initial. What the store keeps — its clock, and its cell's expiry and hit
+    /// window — is the same for every store of a family. Only for a store without an observer (its
+    /// events name its key) that nobody else references: no task, timer, waiter or reader can reach
+    /// it, so nothing sees the change.
+    @inlinable func reset(_ machine: Machine) {
+        precondition(events == nil, "a store with an observer is never made anew")
+        cell.reset(value: machine.initialValue)
+        core.withLock { $0 = Core(machine: machine) }
     }
 
     /// Creates a store around `machine` (its cell starts at the machine's initial value).

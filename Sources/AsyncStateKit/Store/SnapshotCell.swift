@@ -26,6 +26,12 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         init(snapshot: AsyncSnapshot<Value>, freshSince: Duration?) {
             (self.snapshot, self.freshSince, self.flightStart) = (snapshot, freshSince, nil)
         }
+
+        /// A new cell's contents: `value`, in the initial phase, never fresh.
+        @inlinable
+        init(initialValue value: Value) {
+            self.init(snapshot: AsyncSnapshot(value: value, phase: .initial, isExpired: true), freshSince: nil)
+        }
     }
 
     /// How long data stays fresh (zero or less: never).
@@ -40,8 +46,18 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     @inlinable init(value: Value, expiry: Duration, hitWindow: Duration) {
         self.expiry = expiry
         self.hitWindow = hitWindow
-        contents = ReadMostlyLock(
-            Contents(snapshot: AsyncSnapshot(value: value, phase: .initial, isExpired: true), freshSince: nil))
+        contents = ReadMostlyLock(Contents(initialValue: value))
+    }
+
+    /// Makes the contents those of a new cell holding `value`, for a store made anew
+    /// (``AsyncStateStore/reset(_:)``), which has no subscriber. Subscriber ids go on counting, so
+    /// that an id handed out before is never handed out again.
+    @inlinable func reset(value: Value) {
+        contents.withLock { contents in
+            let nextSubscriber = contents.nextSubscriber
+            contents = Contents(initialValue: value)
+            contents.nextSubscriber = nextSubscriber
+        }
     }
 
     deinit {

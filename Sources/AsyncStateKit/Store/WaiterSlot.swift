@@ -100,7 +100,7 @@ class WaiterOutcome: @unchecked Sendable {
     /// The value, or the error to throw. `Value` is the waiting state's type, which a settled
     /// flight's ``WaiterResult`` always has.
     @inlinable
-    func result<Value: Sendable>(as _: Value.Type) throws -> Value {
+    final func result<Value: Sendable>(as _: Value.Type) throws -> Value {
         if self === WaiterOutcome.cancelled { throw CancellationError() }
         return try unsafeDowncast(self, to: WaiterResult<Value>.self).result.get()
     }

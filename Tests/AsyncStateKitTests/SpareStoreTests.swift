@@ -1,0 +1,127 @@
+import AsyncStateTesting
+import Foundation
+import Testing
+
+@testable import AsyncStateKit
+
+/// A family keeps the stores of entries that became compact, when nothing else holds them, and makes
+/// them anew for the next entries made live (``FamilyShard/spareStores``): the next key must see
+/// nothing of the key the store served before, and a store something still holds is never reused.
+@Suite struct SpareStoreTests {
+    /// The family's stores, by key, as they are while their operations run.
+    final class Stores: Sendable {
+        let seen = LockedValue<[Int: ObjectIdentifier]>([:])
+
+        func record(_ key: Int, in family: AsyncStateFamily<Int, String>) {
+            guard case .live(let store) = family.core.peek(key) else { return }
+            seen.withLock { $0[key] = ObjectIdentifier(store) }
+        }
+
+        subscript(key: Int) -> ObjectIdentifier? { seen.withLock { $0[key] } }
+    }
+
+    static func spares(_ family: AsyncStateFamily<Int, String>) -> Int {
+        family.core.shards.reduce(0) { count, shard in count + shard.withLock { $0.spareStores.count } }
+    }
+
+    @Test func aSettledKeysStoreServesTheNextKeyAsANewStore() async throws {
+        let clock = VirtualClock()
+        // Under 1,024 entries a family has one shard: every key's store comes from the same spares.
+        let family = AsyncStateFamily<Int, String>(expiry: .seconds(60), capacity: 100, clock: clock)
+        let stores = Stores()
+        #expect(
+            try await family.value(for: 1) { _ in
+                stores.record(1, in: family)
+                return "one"
+            } == "one")
+        #expect(Self.spares(family) == 1)
+
+        let during = LockedValue<AsyncSnapshot<String?>?>(nil)
+        let updates = LockedValue<[AsyncSnapshot<String?>]>([])
+        let flight = clock.task {
+            try await family.value(for: 2) { _ in
+                stores.record(2, in: family)
+                during.withLock { $0 = family.snapshot(for: 2) }
+                try await clock.sleep(for: .seconds(1))
+                return "two"
+            }
+        }
+        await clock.advance(by: .zero)
+        #expect(stores[2] == stores[1])  // the same object, made anew
+        // Key 2 sees a new store: no value, loading, never fresh; key 1 keeps its own.
+        let snapshot = try #require(during.withLock { $0 })
+        #expect(snapshot.value == nil && snapshot.phase.name == "loading" && snapshot.isExpired)
+        #expect(family[1] == "one" && family.snapshot(for: 1)?.phase.name == "success")
+        let reader = clock.task {
+            for await update in family.updates(for: 2).prefix(2) { updates.withLock { $0.append(update) } }
+        }
+        await clock.advance(by: .seconds(1))
+        #expect(try await flight.value == "two")
+        try await reader.value
+        #expect(updates.withLock { $0.map(\.value) } == [nil, "two"])
+        #expect(family[1] == "one" && family[2] == "two")
+        // Once the subscriber has gone, key 2's entry rests at the end of a use (the flight's, or
+        // else this refresh's), and its store is a spare again.
+        await family.refresh(for: 2) { _ in "three" }
+        #expect(Self.spares(family) == 1)
+        #expect(family[2] == "three")
+    }
+
+    @Test func aStoreSomethingStillHoldsIsNotKept() async throws {
+        let clock = VirtualClock()
+        // What the family's own work does (an invalidation by tag, say, takes the live stores under
+        // the shard's lock and invalidates them after it): a reference to the store, taken while the
+        // entry is live, outlives the entry's use.
+        let family = AsyncStateFamily<Int, String>(expiry: .seconds(60), capacity: 100, clock: clock)
+        let held = LockedValue<AsyncStateStore<String?>?>(nil)
+        _ = try await family.value(for: 1) { _ in
+            if case .live(let store) = family.core.peek(1) { held.withLock { $0 = store } }
+            return "one"
+        }
+        let store = try #require(held.withLock { $0 })
+        #expect(Self.spares(family) == 0)
+        let stores = Stores()
+        _ = try await family.value(for: 2) { _ in
+            stores.record(2, in: family)
+            return "two"
+        }
+        #expect(stores[2] != ObjectIdentifier(store))
+        #expect(store.cell.value == "one")
+        held.withLock { $0 = nil }
+    }
+
+    @Test func aStoreWithAnAbandonedOperationIsNotKept() async throws {
+        let clock = VirtualClock()
+        // An attempt abandoned by its timeout holds its store until its operation returns.
+        let family = AsyncStateFamily<Int, String>(capacity: 100, clock: clock, timeout: .seconds(1))
+        let release = LockedValue<CheckedContinuation<Void, Never>?>(nil)
+        let caller = clock.task {
+            try await family.value(for: 1) { _ in
+                await withCheckedContinuation { continuation in release.withLock { $0 = continuation } }
+                return "ignored cancellation"
+            }
+        }
+        await clock.advance(by: .seconds(1))
+        await #expect(throws: AsyncStateError.self) { try await caller.value }
+        #expect(Self.spares(family) == 0)
+        // Key 2 gets a store of its own; the abandoned operation's return reaches key 1's.
+        let stores = Stores()
+        _ = try await family.value(for: 2) { _ in
+            stores.record(2, in: family)
+            return "two"
+        }
+        release.withLock { $0 }?.resume()
+        await clock.runUntilIdle()
+        #expect(family[2] == "two")
+        #expect(family[1] != "two")
+    }
+
+    @Test func aFamilyWithAnObserverKeepsNoSpares() async throws {
+        let clock = VirtualClock()
+        let log = EventLog()
+        let family = AsyncStateFamily<Int, String>(capacity: 100, clock: clock, observer: log)
+        for key in 0..<5 { _ = try await family.value(for: key) { "\($0)" } }
+        #expect(Self.spares(family) == 0)
+        #expect(family[3] == "3")
+    }
+}
