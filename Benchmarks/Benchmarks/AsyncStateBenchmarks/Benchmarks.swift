@@ -600,6 +600,31 @@ let benchmarks: @Sendable () -> Void = {
         benchmark.startMeasurement()
         for key in benchmark.scaledIterations { blackHole(try await cache.value(for: key) { key }) }
     }
+    // The same with an operation that suspends once, as a real source's does: the attempt then
+    // resumes and settles on another thread, and wakes its caller there.
+    Benchmark("Miss:family-value(for:)-new-key-suspending", configuration: capturingScale) { benchmark in
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: 10_000)
+        benchmark.startMeasurement()
+        for key in benchmark.scaledIterations {
+            blackHole(
+                try await family.value(for: key) { key in
+                    await Task.yield()
+                    return key
+                })
+        }
+    }
+    Benchmark("Miss:hand-written-actor-cache-new-key-suspending(baseline)", configuration: capturingScale) {
+        benchmark in
+        let cache = HandWrittenCache<Int, Int>(expiry: .seconds(3_600))
+        benchmark.startMeasurement()
+        for key in benchmark.scaledIterations {
+            blackHole(
+                try await cache.value(for: key) {
+                    await Task.yield()
+                    return key
+                })
+        }
+    }
 
     // 1,000 distinct keys, 10 concurrent callers each: exactly one run per key.
     Benchmark("Family:cold-1000-keys-x10-callers", configuration: concurrencyScale) { benchmark in

@@ -12,6 +12,10 @@
 //   swift run --package-path Benchmarks -c release HitLoop miss-fresh 10000   # misses as the harness makes them:
 //       1,000 at a time into a new family (the capacity), its teardown included
 //   swift run --package-path Benchmarks -c release HitLoop miss-actor-fresh   # the same with the actor cache
+//   swift run --package-path Benchmarks -c release HitLoop miss-fresh-yield 10000   # miss-fresh, the operation
+//       suspending once (`Task.yield()`), as a real source's does (miss-actor-fresh-yield: the actor cache)
+//   swift run --package-path Benchmarks -c release HitLoop single-yield   # a state that refetches on every call
+//   swift run --package-path Benchmarks -c release HitLoop raw-yield   # `Task.immediate` + yield + `value` alone
 // With DETACHED=1 in the environment the loop runs in a detached task, on the cooperative pool (as the
 // harness's benchmarks do) rather than on the main thread.
 import AsyncStateKit
@@ -50,6 +54,7 @@ actor TaskCache {
 func run() async throws {
     let modes = [
         "family", "family-snapshot", "dictionary", "single", "miss", "miss-actor", "miss-fresh", "miss-actor-fresh",
+        "miss-fresh-yield", "miss-actor-fresh-yield", "single-yield", "raw-yield",
     ]
     guard modes.contains(mode), keys > 0 else {
         print("usage: HitLoop \(modes.joined(separator: "|")) [keys] [misses]")
@@ -88,6 +93,50 @@ func run() async throws {
         for _ in 0..<rounds {
             let cache = TaskCache()
             for key in order { sum &+= try await cache.value(for: key) { key } }
+        }
+    case "miss-fresh-yield":
+        (rounds, order) = (misses / 1_000, Array(0..<1_000))
+        start = .now
+        for _ in 0..<rounds {
+            let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
+            for key in order {
+                sum &+= try await family.value(for: key) { key in
+                    await Task.yield()
+                    return key
+                }
+            }
+        }
+    case "miss-actor-fresh-yield":
+        (rounds, order) = (misses / 1_000, Array(0..<1_000))
+        start = .now
+        for _ in 0..<rounds {
+            let cache = TaskCache()
+            for key in order {
+                sum &+= try await cache.value(for: key) {
+                    await Task.yield()
+                    return key
+                }
+            }
+        }
+    case "single-yield":
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .zero)
+        (rounds, order) = (1, Array(0..<misses))
+        start = .now
+        for _ in order {
+            sum &+= try await state.value {
+                await Task.yield()
+                return 1
+            }
+        }
+    case "raw-yield":
+        (rounds, order) = (1, Array(0..<misses))
+        start = .now
+        for key in order {
+            let task = Task.immediate {
+                await Task.yield()
+                return key
+            }
+            sum &+= await task.value
         }
     case "miss-actor":
         let cache = TaskCache()
