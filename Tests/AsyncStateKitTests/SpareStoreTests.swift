@@ -116,6 +116,39 @@ import Testing
         #expect(family[1] != "two")
     }
 
+    /// Real threads: misses, invalidations, refreshes and removals of 64 keys in a family of 16
+    /// (every miss evicts, every settle may leave a spare) from four tasks at once, some operations
+    /// settling on another thread. A store made anew while another key's flight still ran in it
+    /// would answer that key's callers with the wrong value. (A store still held by an invalidation
+    /// is the deterministic test above: here it would only invalidate the wrong key.)
+    @Test func sparesNeverMixKeysUnderConcurrentUse() async throws {
+        let family = AsyncStateFamily<Int, String>(expiry: .seconds(60), capacity: 16)
+        let wrong = LockedValue<[String]>([])
+        await withTaskGroup(of: Void.self) { group in
+            for worker in 0..<4 {
+                group.addTask {
+                    var random = SplitMix64(seed: UInt64(worker + 1))
+                    for _ in 0..<2_000 {
+                        let key = Int(random.next() % 64)
+                        switch random.next() % 8 {
+                        case 0: family.invalidate(key)
+                        case 1: await family.refresh(for: key) { "\($0)" }
+                        case 2: _ = family.remove(key)
+                        default:
+                            let value = try? await family.value(for: key) { key in
+                                if key % 3 == 0 { await Task.yield() }
+                                return "\(key)"
+                            }
+                            if let value, value != "\(key)" { wrong.withLock { $0.append("\(key): \(value)") } }
+                        }
+                    }
+                }
+            }
+        }
+        #expect(wrong.withLock { $0 } == [])
+        for key in 0..<64 { #expect(family[key] == nil || family[key] == "\(key)") }
+    }
+
     @Test func aFamilyWithAnObserverKeepsNoSpares() async throws {
         let clock = VirtualClock()
         let log = EventLog()
