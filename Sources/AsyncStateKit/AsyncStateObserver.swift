@@ -330,7 +330,11 @@ enum InvalidationCause {
 final class EventQueue: Sendable {
     private let state = LockedValue<(events: [AsyncStateEvent], draining: Bool)>(([], false))
     private let fetch = LockedValue<AsyncStateFetch?>(nil)
-    @usableFromInline let observation: Observation
+    /// What the state reports as. Changed only by ``renew(_:)``, for a family's spare store, which
+    /// nothing else references then (see ``AsyncStateStore/renew(_:observation:)``): no other thread
+    /// can read it meanwhile, and every later reader reaches the store through its shard's lock,
+    /// which the renewal happens under, so each read is ordered after the write.
+    @usableFromInline nonisolated(unsafe) private(set) var observation: Observation
 
     /// The state's fetch in flight, or its last one: set when a fetch starts, under the state's lock
     /// (this lock is taken inside it).
@@ -341,6 +345,16 @@ final class EventQueue: Sendable {
 
     @usableFromInline
     init(_ observation: Observation) {
+        self.observation = observation
+    }
+
+    /// Makes the queue a new one reporting as `observation`, for a family's spare store made anew for
+    /// another key: no fetch. Its events were all delivered: a store nothing else references has no
+    /// caller in it, so nobody is draining.
+    @usableFromInline
+    func renew(_ observation: Observation) {
+        precondition(state.withLock { $0.events.isEmpty && !$0.draining }, "a spare store's events were not delivered")
+        fetch.withLock { $0 = nil }
         self.observation = observation
     }
 

@@ -6,7 +6,8 @@ import Testing
 
 /// A family keeps the stores of entries that became compact, when nothing else holds them, and makes
 /// them anew for the next entries made live (``FamilyShard/spareStores``): the next key must see
-/// nothing of the key the store served before, and a store something still holds is never reused.
+/// nothing of the key the store served before (nor must its observer), and a store something still
+/// holds is never reused.
 @Suite struct SpareStoreTests {
     /// The family's stores, by key, as they are while their operations run.
     final class Stores: Sendable {
@@ -120,9 +121,11 @@ import Testing
     /// (every miss evicts, every settle may leave a spare) from four tasks at once, some operations
     /// settling on another thread. A store made anew while another key's flight still ran in it
     /// would answer that key's callers with the wrong value. (A store still held by an invalidation
-    /// is the deterministic test above: here it would only invalidate the wrong key.)
-    @Test func sparesNeverMixKeysUnderConcurrentUse() async throws {
-        let family = AsyncStateFamily<Int, String>(expiry: .seconds(60), capacity: 16)
+    /// is the deterministic test above: here it would only invalidate the wrong key.) Observed too:
+    /// a store whose events were not all delivered is never made anew (a precondition).
+    @Test(arguments: [false, true]) func sparesNeverMixKeysUnderConcurrentUse(observed: Bool) async throws {
+        let family = AsyncStateFamily<Int, String>(
+            expiry: .seconds(60), capacity: 16, observer: observed ? EventLog(waits: true) : nil)
         let wrong = LockedValue<[String]>([])
         await withTaskGroup(of: Void.self) { group in
             for worker in 0..<4 {
@@ -149,12 +152,36 @@ import Testing
         for key in 0..<64 { #expect(family[key] == nil || family[key] == "\(key)") }
     }
 
-    @Test func aFamilyWithAnObserverKeepsNoSpares() async throws {
+    @Test func anObservedSpareReportsAsTheKeyItServes() async throws {
         let clock = VirtualClock()
-        let log = EventLog()
-        let family = AsyncStateFamily<Int, String>(capacity: 100, clock: clock, observer: log)
-        for key in 0..<5 { _ = try await family.value(for: key) { "\($0)" } }
-        #expect(Self.spares(family) == 0)
-        #expect(family[3] == "3")
+        let log = EventLog(waits: true)
+        let family = AsyncStateFamily<Int, String>(capacity: 100, clock: clock, name: "users", observer: log)
+        let stores = Stores()
+        _ = try await family.value(for: 1) { _ in
+            stores.record(1, in: family)
+            return "one"
+        }
+        #expect(Self.spares(family) == 1)
+        log.clear()
+        let flight = clock.task {
+            try await family.value(for: 2) { _ in
+                stores.record(2, in: family)
+                try await clock.sleep(for: .seconds(1))
+                return "two"
+            }
+        }
+        let joiner = clock.task { try await family.value(for: 2) { _ in "unused" } }
+        await clock.advance(by: .zero)
+        #expect(stores[1] != nil && stores[2] == stores[1])  // key 1's store, made anew
+        await clock.advance(by: .seconds(1))
+        let (first, joined) = (try await flight.value, try await joiner.value)
+        #expect(first == "two" && joined == "two")
+        // Every event is key 2's, from a fetch of its own; the waits are reported as for any store.
+        #expect(
+            log.all == [
+                "users 2 started(fetch)", "users 2 joined", "users 2 succeeded(1.0 seconds, 1 attempts)",
+                "users 2 waitEnded(value)", "users 2 waitEnded(value)",
+            ])
+        #expect(family[1] == "one" && family[2] == "two")
     }
 }

@@ -104,8 +104,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     @usableFromInline var users: [Int32] = []
     /// Stores of entries that became compact, which nobody else references, kept to be made anew
     /// for the next entries made live (``AsyncStateStore/around(_:clock:observation:reusing:)``):
-    /// a miss then allocates no store, no locks and no cell, and frees none when it settles. Never
-    /// stores with an observer. At most ``spareLimit``.
+    /// a miss then allocates no store, no locks and no cell (nor, with an observer, an event
+    /// queue), and frees none when it settles. At most ``spareLimit``.
     @usableFromInline var spareStores: [Store] = []
     /// What a compact entry keeps off the hit path, by slot (`nil` for a live entry).
     @usableFromInline var metadata: [Metadata?] = []
@@ -304,7 +304,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         // The entry no longer holds the store. If nothing else does either — no task, timer or
         // reader (they hold it strongly, and reach it only through the entry, under this lock) —
         // it is kept for the next store this shard makes.
-        if spareStores.count < Self.spareLimit, store.events == nil, isKnownUniquelyReferenced(&store) {
+        if spareStores.count < Self.spareLimit, isKnownUniquelyReferenced(&store) {
             spareStores.append(store)
         }
     }

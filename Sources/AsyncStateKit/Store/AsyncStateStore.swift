@@ -143,27 +143,33 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         return store
     }
 
-    /// A store around `machine`: `spare`, made anew (``reset(_:)``), if there is one; else a new
-    /// store. A spare must be a store that nobody else references and that has no observer, on the
-    /// same clock and configuration (a family keeps the stores of its entries that became compact:
-    /// see ``FamilyShard/spareStores``).
+    /// A store around `machine`: `spare`, made anew (``renew(_:observation:)``), if there is one;
+    /// else a new store. A spare must be a store that nobody else references, on the same clock and
+    /// configuration, observed if `observation` is not `nil` (a family keeps the stores of its
+    /// entries that became compact: see ``FamilyShard/spareStores``).
     @inlinable static func around(
         _ machine: Machine, clock: StoreClock, observation: Observation?, reusing spare: AsyncStateStore?
     ) -> AsyncStateStore {
         guard let spare else { return AsyncStateStore(machine, clock: clock, observation: observation) }
-        spare.reset(machine)
+        spare.renew(machine, observation: observation)
         return spare
     }
 
-    /// Makes this store what ``init(_:clock:observation:)`` makes around `machine`: its core new and
-    /// its cell's contents initial. What the store keeps — its clock, and its cell's expiry and hit
-    /// window — is the same for every store of a family. Only for a store without an observer (its
-    /// events name its key) that nobody else references: no task, timer, waiter or reader can reach
-    /// it, so nothing sees the change.
-    @inlinable func reset(_ machine: Machine) {
-        precondition(events == nil, "a store with an observer is never made anew")
-        cell.reset(value: machine.initialValue)
-        core.withLock { $0 = Core(machine: machine) }
+    /// Makes this store what ``init(_:clock:observation:)`` makes around `machine`: its core new, its
+    /// cell's contents initial, its events reported as `observation` (the new key's). What the store
+    /// keeps — its clock, its cell's expiry and hit window, whether it is observed — is the same
+    /// for every store of a family. Only for a store that nobody else references: no task, timer,
+    /// waiter or reader can reach it, so nothing sees the change. Waiter ids go on counting, so that
+    /// an observer never sees two callers of this object with the same ``AsyncStateEvent/Waiter``.
+    @inlinable func renew(_ machine: Machine, observation: Observation?) {
+        precondition((events == nil) == (observation == nil), "a spare store is observed as its family is")
+        if let events, let observation { events.renew(observation) }
+        cell.renew(value: machine.initialValue)
+        core.withLock { core in
+            let lastWaiter = core.lastWaiter
+            core = Core(machine: machine)
+            core.lastWaiter = lastWaiter
+        }
     }
 
     /// Creates a store around `machine` (its cell starts at the machine's initial value).

@@ -50,9 +50,9 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     }
 
     /// Makes the contents those of a new cell holding `value`, for a store made anew
-    /// (``AsyncStateStore/reset(_:)``), which has no subscriber. Subscriber ids go on counting, so
+    /// (``AsyncStateStore/renew(_:observation:)``), which has no subscriber. Subscriber ids go on counting, so
     /// that an id handed out before is never handed out again.
-    @inlinable func reset(value: Value) {
+    @inlinable func renew(value: Value) {
         contents.withLock { contents in
             let nextSubscriber = contents.nextSubscriber
             contents = Contents(initialValue: value)
