@@ -344,7 +344,17 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
                 }
             }
             defer { group.cancelAll() }
-            try await group.next()
+            do {
+                try await group.next()
+            } catch {
+                // The group waits for both children before it rethrows. The ping's failure alone did
+                // not always end the notification stream: in one CI run (2026-11-28) two replicas'
+                // listeners never reported losing their connection after PostgreSQL restarted, while
+                // they kept serving requests. Closing the connection ends the stream whatever it
+                // waits for, as the ping's own timeout does.
+                try? await connection.close()
+                throw error
+            }
         }
     }
 
