@@ -39,13 +39,11 @@ extension AsyncStateStore {
         let outcome = await withTaskCancellationHandler {
             await withUnsafeContinuation { (continuation: UnsafeContinuation<WaiterOutcome, Never>) in
                 let early = core.withLock { core -> WaiterOutcome? in
+                    // Settled since ``settledOutcome(of:)`` looked.
+                    if let outcome = core.waiterSlots.takeOutcome(of: waiter) { return outcome }
                     switch core.waiterSlots[waiter] {
-                    case .resolved(let outcome):
-                        core.waiterSlots[waiter] = nil
-                        return outcome
-                    case .pending:
-                        break
-                    case .waiting, nil:
+                    case .pending: break
+                    case .waiting, .resolved, nil:
                         assertionFailure("waiter \(waiter) waited for twice, or without a ticket")
                     }
                     core.waiterSlots[waiter] = .waiting(continuation)
@@ -63,11 +61,7 @@ extension AsyncStateStore {
     /// `nil` (it then waits). Never inlined: its locals stay out of the waiting caller's frame.
     @inlinable @inline(never)
     func settledOutcome(of waiter: Machine.WaiterID) -> WaiterOutcome? {
-        core.withLock { core in
-            guard case .resolved(let outcome) = core.waiterSlots[waiter] else { return nil }
-            core.waiterSlots[waiter] = nil
-            return outcome
-        }
+        core.withLock { $0.waiterSlots.takeOutcome(of: waiter) }
     }
 
     /// The number of waiters whose slots are still in the table (for tests).

@@ -252,6 +252,14 @@ struct WaiterSlots: Sendable {
         }
     }
 
+    /// Waiter `id`'s outcome, taken out of the table, if it arrived before the waiter registered
+    /// (its slot is `resolved`); else `nil`, and the table is unchanged.
+    @inlinable mutating func takeOutcome(of id: UInt64) -> WaiterOutcome? {
+        guard case .resolved(let outcome) = self[id] else { return nil }
+        self[id] = nil
+        return outcome
+    }
+
     /// Waiter `id`'s slot; setting `nil` removes it.
     @inlinable subscript(id: UInt64) -> WaiterSlot? {
         get {
