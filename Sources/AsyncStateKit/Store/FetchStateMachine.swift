@@ -43,8 +43,6 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     /// Where the flight lives: boxed, so that an idle state does not carry it inline. Copied on write
     /// (``mutateFlight(_:)``), so the machine keeps value semantics.
     @usableFromInline var flightBox: FlightBox?
-    /// The last id this machine handed out to a flight or an attempt (see ``nextID()``).
-    @usableFromInline var lastID: UInt64 = 0
     /// Attempts that timed out and whose operation has not returned yet (it was cancelled, but may
     /// ignore cancellation).
     @usableFromInline var abandoned: Set<AttemptID> = []
@@ -666,9 +664,8 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     /// made next for another key may take the freed store's address. With per-machine ids that
     /// store's first flight had the same attempt id, and a call from the task was refused as
     /// reentrant instead of joining it.
-    @inlinable mutating func nextID() -> UInt64 {
-        lastID = MachineIDs.last.add(1, ordering: .relaxed).newValue
-        return lastID
+    @inlinable func nextID() -> UInt64 {
+        MachineIDs.last.add(1, ordering: .relaxed).newValue
     }
 }
 
