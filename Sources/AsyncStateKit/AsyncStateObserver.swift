@@ -75,7 +75,15 @@ public final class AsyncStateFetch: Sendable, Hashable, CustomStringConvertible 
     public let id: UInt64
     /// Why it started.
     public let reason: AsyncStateEvent.Reason
-    private let annotations = LockedValue<[ObjectIdentifier: any Sendable]>([:])
+    /// Each owner's annotation, by the owner's identity. The entry keeps the owner weakly and a read
+    /// checks it: an owner freed while the fetch lives leaves its entry behind, and a new object made
+    /// at the same address must not read it.
+    private let annotations = LockedValue<[ObjectIdentifier: Annotation]>([:])
+
+    private struct Annotation {
+        weak var owner: AnyObject?
+        var value: any Sendable
+    }
 
     private static let lastID = LockedValue<UInt64>(0)
 
@@ -92,12 +100,18 @@ public final class AsyncStateFetch: Sendable, Hashable, CustomStringConvertible 
     /// ``annotate(_:for:)``. Each owner has its own, so observers in a group do not overwrite each
     /// other's; read and written under a lock.
     public func annotation(for owner: AnyObject) -> (any Sendable)? {
-        annotations.withLock { $0[ObjectIdentifier(owner)] }
+        annotations.withLock { annotations in
+            guard let annotation = annotations[ObjectIdentifier(owner)], annotation.owner === owner else { return nil }
+            return annotation.value
+        }
     }
 
-    /// Keeps `value` with this fetch for `owner` (`nil` removes it); see ``annotation(for:)``.
+    /// Keeps `value` with this fetch for `owner` (`nil` removes it); see ``annotation(for:)``. The
+    /// fetch does not keep `owner` alive: once it is freed, its annotation is no one's.
     public func annotate(_ value: (any Sendable)?, for owner: AnyObject) {
-        annotations.withLock { $0[ObjectIdentifier(owner)] = value }
+        annotations.withLock { annotations in
+            annotations[ObjectIdentifier(owner)] = value.map { Annotation(owner: owner, value: $0) }
+        }
     }
 
     /// `fetch #id (reason)`.

@@ -97,6 +97,28 @@ final class ContextLog: AsyncStateObserver {
         #expect(fetch.id > 0 && fetch != AsyncStateFetch(reason: .fetch))
     }
 
+    /// An owner freed while the fetch lives leaves its annotation behind; an object made later at the
+    /// same address (malloc hands the freed block back at once) must not read it as its own.
+    @Test func anAnnotationIsNotReadByAnObjectMadeWhereItsFreedOwnerWas() {
+        final class Owner {}
+        let fetch = AsyncStateFetch(reason: .fetch)
+        var reusedAnAddress = false
+        for round in 0..<50 {
+            var owner: Owner? = Owner()
+            let address = ObjectIdentifier(owner!)
+            fetch.annotate("round \(round)", for: owner!)
+            #expect(fetch.annotation(for: owner!) as? String == "round \(round)")
+            owner = nil
+            let next = Owner()
+            reusedAnAddress = reusedAnAddress || ObjectIdentifier(next) == address
+            #expect(fetch.annotation(for: next) == nil)
+            fetch.annotate("kept", for: next)
+            #expect(fetch.annotation(for: next) as? String == "kept")
+        }
+        // The test means something only if the allocator did reuse an address.
+        #expect(reusedAnAddress)
+    }
+
     @Test func aCancelledWaiterEndsItsWaitOnceAndAStaleServeStartsABackgroundFetchWithItsContext() async throws {
         let clock = VirtualClock()
         let log = ContextLog()
