@@ -21,7 +21,7 @@ import Testing
         subscript(key: Int) -> ObjectIdentifier? { seen.withLock { $0[key] } }
     }
 
-    static func spares(_ family: AsyncStateFamily<Int, String>) -> Int {
+    static func spares<Value>(_ family: AsyncStateFamily<Int, Value>) -> Int {
         family.core.shards.reduce(0) { count, shard in count + shard.withLock { $0.spareStores.count } }
     }
 
@@ -183,5 +183,31 @@ import Testing
                 "users 2 waitEnded(value)", "users 2 waitEnded(value)",
             ])
         #expect(family[1] == "one" && family[2] == "two")
+    }
+
+    final class Payload: Sendable {}
+
+    /// A spare keeps nothing of the key it served: once that key leaves the family (removed or
+    /// evicted), its value is freed, though its old store waits to serve another key. (A failed
+    /// entry never rests, so its store, which holds the error, is never a spare.)
+    @Test func aSpareKeepsNoValueOfTheKeyItServed() async throws {
+        let family = AsyncStateFamily<Int, Payload>(expiry: .seconds(60), capacity: 100)
+        weak var removed: Payload?
+        removed = try await family.value(for: 1) { _ in Payload() }
+        #expect(Self.spares(family) == 1 && removed != nil)
+        #expect(family.remove(1))
+        #expect(removed == nil)
+
+        // An entry evicted to make room for another (the family holds one entry at most).
+        let small = AsyncStateFamily<Int, Payload>(expiry: .seconds(60), capacity: 1)
+        weak var evicted: Payload?
+        evicted = try await small.value(for: 1) { _ in Payload() }
+        #expect(Self.spares(small) == 1 && evicted != nil)
+        for key in 2..<10 {
+            _ = try await small.value(for: key) { _ in Payload() }
+            if small.snapshot(for: 1) == nil { break }
+        }
+        #expect(small.snapshot(for: 1) == nil)
+        #expect(evicted == nil)
     }
 }

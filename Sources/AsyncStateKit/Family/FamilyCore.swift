@@ -299,7 +299,9 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// Ends a use of `key`'s entry.
     @inlinable
     func unpin(_ key: Key) {
-        shard(for: key).withLock { $0.unpin(key) }
+        // What a store kept as a spare held (the key's value among it) is released as this returns,
+        // after the shard's lock: a value's deinit is user code.
+        _ = shard(for: key).withLock { $0.unpin(key) }
         trim(after: key)
     }
 

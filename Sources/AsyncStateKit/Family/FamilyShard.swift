@@ -291,22 +291,23 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// A caller is done with `key`'s store: the entry becomes compact if its store says it may rest
-    /// (``AsyncStateStore/restingData(users:)``).
-    @inlinable mutating func unpin(_ key: Key) {
-        guard let slot = table.slot(of: key) else { return }  // removed meanwhile
+    /// (``AsyncStateStore/restingData(users:)``). Returns what a store kept as a spare held, for the
+    /// caller to release once the shard's lock is released.
+    @inlinable mutating func unpin(_ key: Key) -> Store.Leftovers? {
+        guard let slot = table.slot(of: key) else { return nil }  // removed meanwhile
         let i = Int(slot)
         users[i] -= 1
         weigh(i)
         guard var store = table.records[table.at(i)].store, let data = store.restingData(users: users[i]) else {
-            return
+            return nil
         }
         makeCompact(i, data)
         // The entry no longer holds the store. If nothing else does either — no task, timer or
         // reader (they hold it strongly, and reach it only through the entry, under this lock) —
-        // it is kept for the next store this shard makes.
-        if spareStores.count < Self.spareLimit, isKnownUniquelyReferenced(&store) {
-            spareStores.append(store)
-        }
+        // it is kept, emptied, for the next store this shard makes.
+        guard spareStores.count < Self.spareLimit, isKnownUniquelyReferenced(&store) else { return nil }
+        spareStores.append(store)
+        return store.park()
     }
 
     /// The most spare stores a shard keeps: enough for the misses that settle between two of its

@@ -145,8 +145,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
 
     /// A store around `machine`: `spare`, made anew (``renew(_:observation:)``), if there is one;
     /// else a new store. A spare must be a store that nobody else references, on the same clock and
-    /// configuration, observed if `observation` is not `nil` (a family keeps the stores of its
-    /// entries that became compact: see ``FamilyShard/spareStores``).
+    /// configuration, observed if `observation` is not `nil`, and emptied by ``park()`` (a family
+    /// keeps the stores of its entries that became compact: see ``FamilyShard/spareStores``).
     @inlinable static func around(
         _ machine: Machine, clock: StoreClock, observation: Observation?, reusing spare: AsyncStateStore?
     ) -> AsyncStateStore {
@@ -155,8 +155,34 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         return spare
     }
 
-    /// Makes this store what ``init(_:clock:observation:)`` makes around `machine`: its core new, its
-    /// cell's contents initial, its events reported as `observation` (the new key's). What the store
+    /// What a store held when its family kept it as a spare (``park()``): the last key's data and
+    /// published contents, released by whoever holds this once its lock is released.
+    @usableFromInline
+    struct Leftovers {
+        @usableFromInline var data: StateData<Value>
+        @usableFromInline var contents: SnapshotCell<Value>.Contents
+
+        @inlinable init(data: StateData<Value>, contents: SnapshotCell<Value>.Contents) {
+            (self.data, self.contents) = (data, contents)
+        }
+    }
+
+    /// Empties this store as its family keeps it as a spare (``FamilyShard/spareStores``): the cell's
+    /// contents become initial and the machine's data the initial data, so that a spare keeps no
+    /// key's value, error or metadata alive (a key removed or evicted while its old store waits to be
+    /// reused is freed with its entry). Only for a store that nobody else references, at rest.
+    /// Returns what it held: a value's deinit is user code, so the caller releases it after its lock.
+    @inlinable func park() -> Leftovers {
+        let (data, initialValue) = core.withLock { core in
+            var data = StateData(initialValue: core.machine.initialValue)
+            swap(&data, &core.machine.data)
+            return (data, core.machine.initialValue)
+        }
+        return Leftovers(data: data, contents: cell.renew(value: initialValue))
+    }
+
+    /// Makes this store, emptied by ``park()``, what ``init(_:clock:observation:)`` makes around
+    /// `machine`: its core new, its events reported as `observation` (the new key's). What the store
     /// keeps — its clock, its cell's expiry and hit window, whether it is observed — is the same
     /// for every store of a family. Only for a store that nobody else references: no task, timer,
     /// waiter or reader can reach it, so nothing sees the change. Waiter ids go on counting, so that
@@ -164,7 +190,6 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     @inlinable func renew(_ machine: Machine, observation: Observation?) {
         precondition((events == nil) == (observation == nil), "a spare store is observed as its family is")
         if let events, let observation { events.renew(observation) }
-        cell.renew(value: machine.initialValue)
         core.withLock { core in
             let lastWaiter = core.lastWaiter
             core = Core(machine: machine)

@@ -49,14 +49,16 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         contents = ReadMostlyLock(Contents(initialValue: value))
     }
 
-    /// Makes the contents those of a new cell holding `value`, for a store made anew
-    /// (``AsyncStateStore/renew(_:observation:)``), which has no subscriber. Subscriber ids go on counting, so
-    /// that an id handed out before is never handed out again.
-    @inlinable func renew(value: Value) {
+    /// Makes the contents those of a new cell holding `value`, for a store a family keeps as a spare
+    /// (``AsyncStateStore/park()``), which has no subscriber. Subscriber ids go on counting, so that
+    /// an id handed out before is never handed out again. Returns the contents it replaced, for the
+    /// caller to release once its own lock is released.
+    @inlinable func renew(value: Value) -> Contents {
         contents.withLock { contents in
-            let nextSubscriber = contents.nextSubscriber
-            contents = Contents(initialValue: value)
-            contents.nextSubscriber = nextSubscriber
+            var old = Contents(initialValue: value)
+            swap(&old, &contents)
+            contents.nextSubscriber = old.nextSubscriber
+            return old
         }
     }
 
