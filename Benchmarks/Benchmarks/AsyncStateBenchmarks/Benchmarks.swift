@@ -53,6 +53,117 @@ actor HandWrittenCache<Key: Hashable & Sendable, Value: Sendable> {
     }
 }
 
+/// A hand-written single-flight cache that keeps the library's cancellation contract (DESIGN.md,
+/// "Cancellation"): a caller whose task is cancelled stops waiting at once; the shared load goes on
+/// while others wait and is cancelled when the last one leaves. `HandWrittenCache`'s callers instead
+/// wait for the load's task whatever happens to them. It has no expiry, phases, eviction, retries or
+/// observer: beside the two, it shows what the contract alone costs a miss (the `Miss:` benchmarks'
+/// reference point, not their baseline).
+final class CancellableCache<Key: Hashable & Sendable, Value: Sendable>: Sendable {
+    /// One load and its waiters.
+    private final class Flight: @unchecked Sendable {
+        // @unchecked: every stored property is read and written only under the cache's `state`
+        // mutex (in `value(for:_:)`, its cancellation handler and `finish`), never elsewhere.
+        var task: Task<Void, Never>?
+        var waiting: [Int: UnsafeContinuation<Value, any Error>] = [:]
+        /// Waiters cancelled before their continuation was registered.
+        var left: Set<Int> = []
+        /// Callers that have not left.
+        var members = 0
+        var result: Result<Value, any Error>?
+    }
+
+    private enum Entry {
+        case loading(Flight)
+        case loaded(Value)
+    }
+
+    private struct State {
+        var entries: [Key: Entry] = [:]
+        var lastWaiter = 0
+    }
+
+    private let state = Mutex(State())
+
+    private enum Step {
+        case hit(Value)
+        case wait(Flight, Int, starts: Bool)
+    }
+
+    func value(for key: Key, _ load: @escaping @Sendable () async throws -> Value) async throws -> Value {
+        let step = state.withLock { state -> Step in
+            let flight: Flight
+            let starts: Bool
+            switch state.entries[key] {
+            case .loaded(let value): return .hit(value)
+            case .loading(let current): (flight, starts) = (current, false)
+            case nil:
+                (flight, starts) = (Flight(), true)
+                state.entries[key] = .loading(flight)
+            }
+            state.lastWaiter += 1
+            flight.members += 1
+            return .wait(flight, state.lastWaiter, starts: starts)
+        }
+        let (flight, id, starts): (Flight, Int, Bool)
+        switch step {
+        case .hit(let value): return value
+        case .wait(let waited, let waiter, let starting): (flight, id, starts) = (waited, waiter, starting)
+        }
+        if starts {
+            let task = Task {
+                let result: Result<Value, any Error>
+                do { result = .success(try await load()) } catch { result = .failure(error) }
+                self.finish(key, flight, result)
+            }
+            let abandoned = state.withLock { _ in
+                flight.task = task
+                return flight.members == 0
+            }
+            if abandoned { task.cancel() }
+        }
+        return try await withTaskCancellationHandler {
+            try await withUnsafeThrowingContinuation { continuation in
+                let now = state.withLock { _ -> Result<Value, any Error>? in
+                    if let result = flight.result { return result }
+                    if flight.left.remove(id) != nil { return .failure(CancellationError()) }
+                    flight.waiting[id] = continuation
+                    return nil
+                }
+                if let now { continuation.resume(with: now) }
+            }
+        } onCancel: {
+            let (continuation, task) = state.withLock {
+                state -> (UnsafeContinuation<Value, any Error>?, Task<Void, Never>?) in
+                guard flight.result == nil else { return (nil, nil) }
+                let continuation = flight.waiting.removeValue(forKey: id)
+                if continuation == nil { flight.left.insert(id) }
+                flight.members -= 1
+                guard flight.members == 0 else { return (continuation, nil) }
+                if case .loading(let current) = state.entries[key], current === flight { state.entries[key] = nil }
+                return (continuation, flight.task)
+            }
+            task?.cancel()
+            continuation?.resume(throwing: CancellationError())
+        }
+    }
+
+    private func finish(_ key: Key, _ flight: Flight, _ result: Result<Value, any Error>) {
+        let waiting = state.withLock { state in
+            flight.result = result
+            if case .loading(let current) = state.entries[key], current === flight {
+                switch result {
+                case .success(let value): state.entries[key] = .loaded(value)
+                case .failure: state.entries[key] = nil
+                }
+            }
+            defer { flight.waiting = [:] }
+            return flight.waiting
+        }
+        for continuation in waiting.values { continuation.resume(with: result) }
+    }
+}
+
 /// The cache most Swift developers write for many keys: an actor holding a task per key, and when
 /// each finished (`HandWrittenCache` is the same shape).
 typealias HandWrittenKeyedCache = HandWrittenCache<String, Int>
@@ -600,6 +711,13 @@ let benchmarks: @Sendable () -> Void = {
         benchmark.startMeasurement()
         for key in benchmark.scaledIterations { blackHole(try await cache.value(for: key) { key }) }
     }
+    // The reference point: a hand-written cache with the same cancellation contract as the family.
+    Benchmark("Miss:hand-written-cancellable-cache-new-key(reference)", configuration: capturingScale) {
+        benchmark in
+        let cache = CancellableCache<Int, Int>()
+        benchmark.startMeasurement()
+        for key in benchmark.scaledIterations { blackHole(try await cache.value(for: key) { key }) }
+    }
     // The same with an operation that suspends once, as a real source's does: the attempt then
     // resumes and settles on another thread, and wakes its caller there.
     Benchmark("Miss:family-value(for:)-new-key-suspending", configuration: capturingScale) { benchmark in
@@ -616,6 +734,19 @@ let benchmarks: @Sendable () -> Void = {
     Benchmark("Miss:hand-written-actor-cache-new-key-suspending(baseline)", configuration: capturingScale) {
         benchmark in
         let cache = HandWrittenCache<Int, Int>(expiry: .seconds(3_600))
+        benchmark.startMeasurement()
+        for key in benchmark.scaledIterations {
+            blackHole(
+                try await cache.value(for: key) {
+                    await Task.yield()
+                    return key
+                })
+        }
+    }
+
+    Benchmark("Miss:hand-written-cancellable-cache-new-key-suspending(reference)", configuration: capturingScale) {
+        benchmark in
+        let cache = CancellableCache<Int, Int>()
         benchmark.startMeasurement()
         for key in benchmark.scaledIterations {
             blackHole(
