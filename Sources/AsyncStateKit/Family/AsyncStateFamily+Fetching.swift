@@ -176,7 +176,7 @@ extension AsyncStateFamily {
         let batch = BatchLoad<Key, Value>(operation: operation, observer: core.observer)
         var waiting: [(Key, AsyncStateStore<Value?>, UInt64)] = []
         var started: [Key] = []
-        var attempts: [OperationContext.Entry] = []
+        var attempts: [UInt64] = []
         var fetches: [AsyncStateFetch] = []
         var seen = Set<Key>()
         var pinned: [Key] = []
@@ -201,7 +201,7 @@ extension AsyncStateFamily {
                 }
                 if let attempt {
                     started.append(key)
-                    attempts.append(store.mark(attempt))
+                    attempts.append(attempt)
                     if let fetch = store.observedFetch { fetches.append(fetch) }
                 }
             } catch {

@@ -23,7 +23,7 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
         let load: Load
         let maxSize: Int
         var keys: [Key] = []
-        var attempts: [OperationContext.Entry] = []
+        var attempts: [UInt64] = []
         /// The keys' fetches, for the observer (empty without one).
         var fetches: [AsyncStateFetch] = []
         /// Closes the batch at the end of its window; `nil` until it is scheduled.
@@ -73,7 +73,7 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
                 opened = open!.load
             }
             open!.keys.append(key)
-            open!.attempts.append(store.mark(started))
+            open!.attempts.append(started)
             if let fetch { open!.fetches.append(fetch) }
             let load = open!.load
             guard open!.keys.count >= open!.maxSize else { return (load, nil) }

@@ -55,7 +55,7 @@ final class BatchLoad<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// `fetches`: those flights, for the observer (empty without one).
     @usableFromInline
     func start(
-        _ keys: [Key], attempts: [OperationContext.Entry], fetches: [AsyncStateFetch], executor: (any TaskExecutor)?
+        _ keys: [Key], attempts: [UInt64], fetches: [AsyncStateFetch], executor: (any TaskExecutor)?
     ) {
         let marked = OperationContext.running + attempts
         report(.batchStarted(fetches))

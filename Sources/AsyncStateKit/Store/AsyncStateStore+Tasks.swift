@@ -3,25 +3,17 @@ import Foundation
 /// The attempts the current task is running (directly, through nested states, or because it
 /// inherited the context of a task that does), so that the machine can refuse a call that would wait
 /// for its own result. Only an attempt that is still current counts, so a task an operation started
-/// may call the state once that attempt is over.
+/// may call the state once that attempt is over. An attempt is known by its id alone: ids are unique
+/// in the process (``MachineIDs``), whichever store's machine handed them out.
 @usableFromInline
 enum OperationContext {
-    /// One running attempt: which store, which attempt.
-    @usableFromInline
-    struct Entry: Sendable {
-        @usableFromInline var store: ObjectIdentifier
-        @usableFromInline var attempt: UInt64
-
-        @inlinable
-        init(store: ObjectIdentifier, attempt: UInt64) {
-            (self.store, self.attempt) = (store, attempt)
-        }
-    }
-
-    @TaskLocal static var running: [Entry] = []
+    /// The ids of the attempts the current task runs. An array (one word): the mark is kept in the
+    /// attempt's task frames, and a wider one made them outgrow the memory a new task starts with (a
+    /// second slab: the allocation an inline first id would have saved).
+    @TaskLocal static var running: [UInt64] = []
 
     /// ``running``'s task-local (its projection), for inlinable code.
-    @usableFromInline static var runningLocal: TaskLocal<[Entry]> { $running }
+    @usableFromInline static var runningLocal: TaskLocal<[UInt64]> { $running }
 }
 
 /// How an ``AsyncStateStore``'s callers wait, and the tasks it runs: the attempts' operations and the
@@ -92,7 +84,7 @@ extension AsyncStateStore {
     @inlinable func run(_ attempt: Machine.Attempt) -> @Sendable () async -> Void {
         // Appended rather than concatenated: one array, not a literal and then their sum.
         var running = OperationContext.runningLocal.get()
-        running.append(.init(store: ObjectIdentifier(self), attempt: attempt.id))
+        running.append(attempt.id)
         let (marked, operation, flight, id) = (running, attempt.operation, attempt.flight, attempt.id)
         return { [self] in
             let outcome: Machine.Outcome

@@ -291,11 +291,9 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         observation?.deliver(.hit)
     }
 
-    /// The attempts of this store that the current task runs (for the machine's reentrancy check).
-    @inlinable var callerAttempts: [Machine.AttemptID] {
-        let me = ObjectIdentifier(self)
-        return OperationContext.runningLocal.get().compactMap { $0.store == me ? $0.attempt : nil }
-    }
+    /// The attempts the current task runs, for the machine's reentrancy check: any store's, since
+    /// ids are unique in the process and only this store's can be its flight's.
+    @inlinable var callerAttempts: [Machine.AttemptID] { OperationContext.runningLocal.get() }
 
     // MARK: Events from callers
 
@@ -374,14 +372,6 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     @inlinable var observedFetch: AsyncStateFetch? {
         guard let events else { return nil }
         return core.withLock { _ in events.currentFetch }
-    }
-
-    /// What marks a task as running `attempt` of this store (see ``OperationContext``): a task that
-    /// runs an attempt's work elsewhere (a batch) carries it, so that a call back into this store from
-    /// that work is refused as reentrant instead of waiting for itself.
-    @inlinable
-    func mark(_ attempt: Machine.AttemptID) -> OperationContext.Entry {
-        OperationContext.Entry(store: ObjectIdentifier(self), attempt: attempt)
     }
 
     /// Whether a flight is in flight (and so may have waiters): a family never evicts such an entry.

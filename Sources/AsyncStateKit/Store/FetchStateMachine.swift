@@ -663,7 +663,8 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
     /// as running an attempt (``OperationContext``) may outlive the attempt's store, and the store
     /// made next for another key may take the freed store's address. With per-machine ids that
     /// store's first flight had the same attempt id, and a call from the task was refused as
-    /// reentrant instead of joining it.
+    /// reentrant instead of joining it. Being unique, an attempt id alone marks a task, without its
+    /// store.
     @inlinable func nextID() -> UInt64 {
         MachineIDs.last.add(1, ordering: .relaxed).newValue
     }
