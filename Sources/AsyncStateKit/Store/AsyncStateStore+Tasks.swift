@@ -74,33 +74,42 @@ extension AsyncStateStore {
     /// ``start(_:at:in:_:)``.)
     @inlinable
     func launchAndAttach(_ attempt: Machine.Attempt) {
-        let task = Task.immediate(executorPreference: clock.executor, operation: run(attempt))
+        // The body is a literal here, not a closure made elsewhere and passed: passed, it is wrapped
+        // again to become the task's operation (two more allocations per attempt).
+        let (marked, operation, flight, id) = (marks(attempt), attempt.operation, attempt.flight, attempt.id)
+        let task = Task.immediate(executorPreference: clock.executor) { [self] in
+            await run(operation, marked: marked, flight: flight, id: id)
+        }
         let attached = core.withLock { $0.machine.attach(task: task, toAttempt: attempt.id) }
         if !attached { task.cancel() }
     }
 
-    /// The body of an attempt's task: runs the operation, marked as this attempt for the reentrancy
-    /// check, and reports how it ended — always, whatever it threw, so the machine sees every end.
-    @inlinable func run(_ attempt: Machine.Attempt) -> @Sendable () async -> Void {
-        // Appended rather than concatenated: one array, not a literal and then their sum.
+    /// The mark of a task that runs `attempt`: the current task's, and the attempt's id.
+    @inlinable func marks(_ attempt: Machine.Attempt) -> [UInt64] {
         var running = OperationContext.runningLocal.get()
         running.append(attempt.id)
-        let (marked, operation, flight, id) = (running, attempt.operation, attempt.flight, attempt.id)
-        return { [self] in
-            let outcome: Machine.Outcome
-            do {
-                outcome = .success(try await OperationContext.runningLocal.withValue(marked) { try await operation() })
-            } catch is CancellationError {
-                outcome = .cancelled
-            } catch is NotModified {
-                outcome = .notModified
-            } catch let arrival as SecondLevelArrival<Value> {
-                outcome = .arrived(arrival.value, arrival.arrival)
-            } catch {
-                outcome = .failure(error)
-            }
-            attemptFinished(flight, id, outcome)
+        return running
+    }
+
+    /// The body of an attempt's task: runs the operation, marked (``marks(_:)``) as this attempt for
+    /// the reentrancy check, and reports how it ended — always, whatever it threw, so the machine sees
+    /// every end. Always inlined into the task's closure, so that it adds no frame to the task.
+    @inlinable @inline(__always)
+    func run(_ operation: @escaping Operation, marked: [UInt64], flight: Machine.FlightID, id: Machine.AttemptID) async
+    {
+        let outcome: Machine.Outcome
+        do {
+            outcome = .success(try await OperationContext.runningLocal.withValue(marked) { try await operation() })
+        } catch is CancellationError {
+            outcome = .cancelled
+        } catch is NotModified {
+            outcome = .notModified
+        } catch let arrival as SecondLevelArrival<Value> {
+            outcome = .arrived(arrival.value, arrival.arrival)
+        } catch {
+            outcome = .failure(error)
         }
+        attemptFinished(flight, id, outcome)
     }
 
     /// A timer: sleeps until `deadline` on the clock, then runs `fired` with the error the sleep threw,

@@ -642,7 +642,10 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             // With a timeout the attempt starts on a thread of its own, as any task does (it is
             // enqueued here and runs once a thread takes it, before its timer), so that the timeout
             // bounds the wait even for an operation that blocks its thread and never suspends.
-            let task = Task(executorPreference: clock.executor, operation: run(attempt))
+            let (marked, operation) = (marks(attempt), attempt.operation)
+            let task = Task(executorPreference: clock.executor) { [self] in
+                await run(operation, marked: marked, flight: flight, id: id)
+            }
             // A timer whose sleep throws without being cancelled cannot keep its promise to end the
             // wait at the deadline, so it ends it now.
             let timer = schedule(at: deadline) { store, _ in store.attemptTimedOut(flight, id) }
