@@ -132,7 +132,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
             staleWhileRevalidate, refreshAfter, maxStaleAge, tags, onRemoval, name, observer,
-            secondLevel, isEmpty: isEmpty ?? { _ in false })
+            secondLevel, isEmpty: isEmpty)
     }
 
     /// Creates an empty family of collections; an empty collection is ``AsyncPhase/empty``, as in an
@@ -231,7 +231,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         self.init(
             expiry, capacity, maximumWeight, weigher, idleExpiry, clock, retry, timeout, softTimeout, failureExpiry,
             staleWhileRevalidate, refreshAfter, maxStaleAge, tags, onRemoval, name, observer,
-            secondLevel, isEmpty: isEmpty ?? { _ in false })
+            secondLevel, isEmpty: isEmpty)
         for (key, value) in wrappedValue { set(value, for: key) }
     }
 
@@ -309,16 +309,21 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
         _ tags: (@Sendable (Key, Value) -> [String])?,
         _ onRemoval: (@Sendable (Key, Value?, AsyncStateFamilyRemovalReason) -> Void)?, _ name: String,
         _ observer: (any AsyncStateObserver)?, _ secondLevel: AsyncStateSecondLevelOptions<Value>?,
-        isEmpty: @escaping @Sendable (Value) -> Bool
+        isEmpty: (@Sendable (Value) -> Bool)?
     ) {
-        // `guard let` rather than `map`: this closure is generic code, and `Optional.map` looked up its
-        // metadata on every success.
-        let configuration = StoreConfiguration<Value?>(
-            expiry: expiry, failureExpiry: failureExpiry,
-            isEmpty: { value in
+        // No test at all when none is given (never empty): the test is generic code, called on
+        // every success. `guard let` rather than `map` inside it: `Optional.map` looked up its
+        // metadata on every call.
+        var emptiness: (@Sendable (Value?) -> Bool)?
+        if let isEmpty {
+            emptiness = { value in
                 guard let value else { return false }
                 return isEmpty(value)
-            }, retry: retry,
+            }
+        }
+        let configuration = StoreConfiguration<Value?>(
+            expiry: expiry, failureExpiry: failureExpiry,
+            isEmpty: emptiness, retry: retry,
             timeout: timeout, softTimeout: softTimeout, staleWhileRevalidate: staleWhileRevalidate,
             refreshAfter: refreshAfter, maxStaleAge: maxStaleAge)
         core = FamilyCore(
