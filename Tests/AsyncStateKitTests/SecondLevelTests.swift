@@ -165,6 +165,53 @@ import Testing
         _ = try? await dead.value
     }
 
+    /// A waiting replica reads the entry, finds none, and asks for the lease again; if the holder
+    /// wrote its entry and gave the lease back in between, the waiter gets the lease. It must read
+    /// once more and take the entry rather than load the key again (a CI run of the example's
+    /// three PostgreSQL replicas read the source twice for one cold key this way).
+    @Test func aWaiterThatGetsTheLeaseAfterTheHolderWroteTakesTheEntry() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let polled = Gate()
+        let released = Gate()
+        // The waiter's second read (its first poll) lets the holder's operation answer; its second
+        // lease request waits until the holder has given the lease back.
+        let holder = GatedConnection(level.replica(), afterRelease: { released.open() })
+        let waiter = GatedConnection(
+            level.replica(),
+            afterRead: { if $0 == 2 { polled.open() } },
+            beforeAcquire: { if $0 == 2 { await released.wait() } })
+        func family(_ connection: GatedConnection) -> AsyncStateFamily<Int, Int> {
+            AsyncStateFamily<Int, Int>(
+                expiry: .seconds(120), clock: clock,
+                secondLevel: AsyncStateSecondLevelOptions(
+                    level: connection, namespace: "numbers", codec: .json, pollInterval: .milliseconds(25)))
+        }
+        let (first, second) = (family(holder), family(waiter))
+        let calls = LockedValue(0)
+        let loading = clock.task {
+            try await first.value(for: 3) { key in
+                calls.withLock { $0 += 1 }
+                await polled.wait()
+                return key * 10
+            }
+        }
+        await clock.advance(by: .zero)
+        let waiting = clock.task {
+            try await second.value(for: 3) { key in
+                calls.withLock { $0 += 1 }
+                return key * 10
+            }
+        }
+        await clock.advance(by: .milliseconds(25))
+        await clock.advance(by: .zero)
+        #expect(try await loading.value == 30)
+        #expect(try await waiting.value == 30)
+        #expect(waiter.counts == (reads: 3, acquires: 2))
+        #expect(calls.withLock { $0 } == 1)
+        #expect(level.counts.writes == 1)
+    }
+
     /// A holder whose callers all leave (its flight cancelled) gives the lease back at once: another
     /// replica then loads without waiting for the lease to expire.
     @Test func aCancelledHolderGivesTheLeaseBack() async throws {
@@ -866,5 +913,73 @@ private struct Both: AsyncStateObserver {
         let codec = AsyncStateCodec<Int>.json(tag: String(repeating: "t", count: 300))
         #expect(codec.tag.utf8.count == 255)
         #expect(try codec.decode(codec.encode(3)) == 3)
+    }
+}
+
+/// Opens once; whoever waits before that waits until it does.
+final class Gate: Sendable {
+    private let stream: AsyncStream<Void>
+    private let continuation: AsyncStream<Void>.Continuation
+
+    init() { (stream, continuation) = AsyncStream.makeStream() }
+
+    func open() { continuation.finish() }
+
+    func wait() async { for await _ in stream {} }
+}
+
+/// A replica's connection to an `InMemorySecondLevel` that tells a test of its reads and releases,
+/// and can hold a lease request back: to put another replica's steps between two of this one's.
+final class GatedConnection: AsyncStateSecondLevel {
+    let connection: InMemorySecondLevel.Replica
+    private let calls = LockedValue((reads: 0, acquires: 0))
+    private let afterRead: @Sendable (Int) -> Void
+    private let beforeAcquire: @Sendable (Int) async -> Void
+    private let afterRelease: @Sendable () -> Void
+
+    init(
+        _ connection: InMemorySecondLevel.Replica, afterRead: @escaping @Sendable (Int) -> Void = { _ in },
+        beforeAcquire: @escaping @Sendable (Int) async -> Void = { _ in },
+        afterRelease: @escaping @Sendable () -> Void = {}
+    ) {
+        self.connection = connection
+        (self.afterRead, self.beforeAcquire, self.afterRelease) = (afterRead, beforeAcquire, afterRelease)
+    }
+
+    /// How many reads and lease requests it was asked for.
+    var counts: (reads: Int, acquires: Int) { calls.withLock { $0 } }
+
+    func read(_ key: String) async throws -> AsyncStateStoredEntry? {
+        let entry = try await connection.read(key)
+        afterRead(
+            calls.withLock { calls in
+                calls.reads += 1
+                return calls.reads
+            })
+        return entry
+    }
+
+    func write(_ entry: AsyncStateStoredEntry, for key: String) async throws -> Bool {
+        try await connection.write(entry, for: key)
+    }
+
+    func acquireLease(on key: String, for duration: Duration) async throws -> AsyncStateLease {
+        let number = calls.withLock { calls in
+            calls.acquires += 1
+            return calls.acquires
+        }
+        await beforeAcquire(number)
+        return try await connection.acquireLease(on: key, for: duration)
+    }
+
+    func releaseLease(on key: String, token: UInt64) async throws {
+        try await connection.releaseLease(on: key, token: token)
+        afterRelease()
+    }
+
+    func invalidate(_ key: String) async throws -> UInt64 { try await connection.invalidate(key) }
+
+    func invalidateAll(withPrefix prefix: String) async throws {
+        try await connection.invalidateAll(withPrefix: prefix)
     }
 }

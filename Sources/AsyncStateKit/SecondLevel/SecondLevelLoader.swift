@@ -155,6 +155,21 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
                 try await options.level.acquireLease(on: key, for: options.leaseDuration)
             }) {
             case .acquired(let token):
+                // A waiter's last read found no entry, and the holder may have written its entry
+                // and given the lease back since: read once more rather than load the key again.
+                if waited, !load.fromSource {
+                    let fresh: Loaded?
+                    do {
+                        fresh = try await freshEntry(load)
+                    } catch {
+                        giveBack(key, token: token)
+                        throw error
+                    }
+                    if let fresh {
+                        giveBack(key, token: token)
+                        return fresh
+                    }
+                }
                 return try await loadAsHolder(load, token: token, operation)
             case .held(let expiresIn):
                 if !waited {
@@ -186,10 +201,7 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         async throws -> Loaded
     {
         let key = load.key
-        // Given back in a task of its own, whatever happens: not held up by a slow second level, and
-        // not skipped when this load was cancelled (its caller's cancellation would end the call at
-        // once, and the other replicas would wait for the lease to expire).
-        defer { Task(executorPreference: clock.executor) { [self] in await release(key, token: token) } }
+        defer { giveBack(key, token: token) }
         let value = try await operation()
         let date = clock.date()
         let lifetime = lifetime(value)
@@ -223,6 +235,13 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             note(.loaded(version: nil), load)
             return .source(value)
         }
+    }
+
+    /// Gives the lease on `key` back in a task of its own, whatever happens: not held up by a slow
+    /// second level, and not skipped when the load was cancelled (its caller's cancellation would end
+    /// the call at once, and the other replicas would wait for the lease to expire).
+    private func giveBack(_ key: String, token: UInt64) {
+        Task(executorPreference: clock.executor) { [self] in await release(key, token: token) }
     }
 
     /// Gives the lease back, within the timeout; a fault only counts.
