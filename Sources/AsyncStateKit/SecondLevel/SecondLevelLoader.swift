@@ -155,22 +155,7 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
                 try await options.level.acquireLease(on: key, for: options.leaseDuration)
             }) {
             case .acquired(let token):
-                // A waiter's last read found no entry, and the holder may have written its entry
-                // and given the lease back since: read once more rather than load the key again.
-                if waited, !load.fromSource {
-                    let fresh: Loaded?
-                    do {
-                        fresh = try await freshEntry(load)
-                    } catch {
-                        giveBack(key, token: token)
-                        throw error
-                    }
-                    if let fresh {
-                        giveBack(key, token: token)
-                        return fresh
-                    }
-                }
-                return try await loadAsHolder(load, token: token, operation)
+                return try await loadAsHolder(load, token: token, afterWaiting: waited, operation)
             case .held(let expiresIn):
                 if !waited {
                     waited = true
@@ -196,12 +181,18 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
 
     /// The holder's load: the source's value, written with the lease's token as its version; the
     /// lease is given back afterwards whatever happens (after the write, so that a replica that
-    /// finds the lease free finds the entry too).
-    private func loadAsHolder(_ load: Load, token: UInt64, _ operation: @Sendable () async throws -> Value)
-        async throws -> Loaded
-    {
+    /// finds the lease free finds the entry too). A holder that waited for another first reads the
+    /// entry once more: its last read found none, and that holder may have written it and given the
+    /// lease back since.
+    private func loadAsHolder(
+        _ load: Load, token: UInt64, afterWaiting waited: Bool, _ operation: @Sendable () async throws -> Value
+    ) async throws -> Loaded {
         let key = load.key
-        defer { giveBack(key, token: token) }
+        // Given back in a task of its own, whatever happens: not held up by a slow second level, and
+        // not skipped when this load was cancelled (its caller's cancellation would end the call at
+        // once, and the other replicas would wait for the lease to expire).
+        defer { Task(executorPreference: clock.executor) { [self] in await release(key, token: token) } }
+        if waited, !load.fromSource, let fresh = try await freshEntry(load) { return fresh }
         let value = try await operation()
         let date = clock.date()
         let lifetime = lifetime(value)
@@ -235,13 +226,6 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             note(.loaded(version: nil), load)
             return .source(value)
         }
-    }
-
-    /// Gives the lease on `key` back in a task of its own, whatever happens: not held up by a slow
-    /// second level, and not skipped when the load was cancelled (its caller's cancellation would end
-    /// the call at once, and the other replicas would wait for the lease to expire).
-    private func giveBack(_ key: String, token: UInt64) {
-        Task(executorPreference: clock.executor) { [self] in await release(key, token: token) }
     }
 
     /// Gives the lease back, within the timeout; a fault only counts.
