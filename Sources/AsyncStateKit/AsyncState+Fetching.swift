@@ -23,6 +23,7 @@ extension AsyncState {
     /// - Parameters:
     ///   - retry: The retry policy for this fetch; `nil` for the state's.
     ///   - operation: Fetches the value.
+    @inlinable
     public nonisolated(nonsending) func refresh(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async {
         _ = try? await store.fetch(.refresh, policy: retry, storeOperation(.refresh, operation))
     }
@@ -199,6 +200,7 @@ extension AsyncState {
     /// ```
     ///
     /// - Parameter operation: Fetches the value. The state keeps it only while the fetch is in flight.
+    @inlinable
     public nonisolated(nonsending) func retry(_ operation: @escaping Operation) async {
         try? await store.retry(storeOperation(.value, operation))
     }
@@ -297,12 +299,14 @@ extension AsyncState {
 
     /// Marks the data expired: the next ``fetch(retry:_:)`` goes to the source. A fetch in flight still
     /// completes, but its result lands already expired.
+    @inlinable
     public nonisolated(nonsending) func invalidate() async {
         store.invalidate()
     }
 
     /// Cancels the fetch in flight, if any: its callers get `CancellationError`, the phase goes back to
     /// what it was before the fetch, and the value is untouched.
+    @inlinable
     public nonisolated(nonsending) func cancel() async {
         store.cancel()
     }
@@ -310,12 +314,14 @@ extension AsyncState {
     /// Writes a value (a manual or optimistic update), fresh from now: the phase becomes
     /// ``AsyncPhase/success(_:)`` (or ``AsyncPhase/empty``). A fetch in flight is cancelled and its
     /// callers get this value; its result never overwrites it.
+    @inlinable
     public nonisolated(nonsending) func set(_ value: Value) async {
         store.set(value)
     }
 
     /// Goes back to the initial value and ``AsyncPhase/initial``, forgetting the metadata. A
     /// fetch in flight is cancelled and its callers get `CancellationError`.
+    @inlinable
     public nonisolated(nonsending) func reset() async {
         store.reset()
     }

@@ -670,6 +670,23 @@ let benchmarks: @Sendable () -> Void = {
                 for _ in benchmark.scaledIterations { blackHole(family.snapshots) }
                 benchmark.stopMeasurement()
             }
+            // A write to a key that has a value, beside an actor dictionary's write in the same run
+            // (a family of its own: the filled one's values must stay as the reads expect them).
+            Benchmark("Family:write-set(_:for:)-1000-keys", configuration: nanosecondScale) { benchmark in
+                let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
+                for key in 0..<keys { family.set(key, for: key) }
+                await ScatteredWalk.named("family-set", keys: keys).measure(benchmark) { key in
+                    family.set(key, for: key)
+                }
+            }
+            Benchmark("Family:actor-dictionary-with-TTL-write-1000-keys(baseline)", configuration: nanosecondScale) {
+                benchmark in
+                let dictionary = TTLDictionary<Int, Int>(expiry: .seconds(3_600))
+                for key in 0..<keys { await dictionary.set(key, key) }
+                await ScatteredWalk.named("dictionary-set", keys: keys).measure(benchmark) { key in
+                    await dictionary.set(key, key)
+                }
+            }
         }
 
         Benchmark("Family:hand-written-actor-cache-\(scale)-keys(baseline)", configuration: nanosecondScale) {

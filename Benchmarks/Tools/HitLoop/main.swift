@@ -16,6 +16,10 @@
 //       suspending once (`Task.yield()`), as a real source's does (miss-actor-fresh-yield: the actor cache)
 //   swift run --package-path Benchmarks -c release HitLoop single-yield   # a state that refetches on every call
 //   swift run --package-path Benchmarks -c release HitLoop raw-yield   # `Task.immediate` + yield + `value` alone
+//   swift run --package-path Benchmarks -c release HitLoop set 1000   # `set(_:for:)` on keys that have a value
+//   swift run --package-path Benchmarks -c release HitLoop set-fresh 1000   # `set(_:for:)` on new keys, 1,000 at a
+//       time into a new family (as miss-fresh)
+//   swift run --package-path Benchmarks -c release HitLoop refresh 1000 300000   # `refresh(for:)` of keys that have a value
 // With DETACHED=1 in the environment the loop runs in a detached task, on the cooperative pool (as the
 // harness's benchmarks do) rather than on the main thread.
 import AsyncStateKit
@@ -54,7 +58,7 @@ actor TaskCache {
 func run() async throws {
     let modes = [
         "family", "family-snapshot", "dictionary", "single", "miss", "miss-actor", "miss-fresh", "miss-actor-fresh",
-        "miss-fresh-yield", "miss-actor-fresh-yield", "single-yield", "raw-yield",
+        "miss-fresh-yield", "miss-actor-fresh-yield", "single-yield", "raw-yield", "set", "set-fresh", "refresh",
     ]
     guard modes.contains(mode), keys > 0 else {
         print("usage: HitLoop \(modes.joined(separator: "|")) [keys] [misses]")
@@ -118,6 +122,24 @@ func run() async throws {
                 }
             }
         }
+    case "set":
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
+        for key in 0..<keys { family.set(key, for: key) }
+        start = .now
+        for _ in 0..<rounds { for key in order { family.set(key, for: key); sum &+= key } }
+    case "refresh":
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
+        for key in 0..<keys { family.set(key, for: key) }
+        (rounds, order) = (max(1, misses / keys), order)
+        start = .now
+        for _ in 0..<rounds { for key in order { await family.refresh(for: key) { $0 }; sum &+= key } }
+    case "set-fresh":
+        (rounds, order) = (misses / 1_000, Array(0..<1_000))
+        start = .now
+        for _ in 0..<rounds {
+            let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
+            for key in order { family.set(key, for: key); sum &+= key }
+        }
     case "single-yield":
         let state = AsyncState<Int>(wrappedValue: 0, expiry: .zero)
         (rounds, order) = (1, Array(0..<misses))
@@ -164,7 +186,7 @@ func run() async throws {
     let elapsed = ContinuousClock.now - start
     // The sum is printed so that the hits cannot be optimized away.
     print(
-        "\(mode), \(keys) keys: \(elapsed / (rounds * order.count)) a \(mode.hasPrefix("miss") ? "miss" : "hit") (checksum \(sum))"
+        "\(mode), \(keys) keys: \(elapsed / (rounds * order.count)) a \(mode.hasPrefix("miss") ? "miss" : ["set", "set-fresh", "refresh"].contains(mode) ? "call" : "hit") (checksum \(sum))"
     )
 }
 

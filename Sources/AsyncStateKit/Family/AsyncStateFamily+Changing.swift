@@ -40,16 +40,19 @@ extension AsyncStateFamily {
     /// Writes `value` for `key`, fresh from now, like ``AsyncState/set(_:)`` (a fetch in flight for the
     /// key ends and its callers get `value`). Reports the value it replaced, if any, as
     /// ``AsyncStateFamilyRemovalReason/replaced``.
+    @inlinable
     public func set(_ value: Value, for key: Key) {
         if let previous = core.set(value, for: key) { core.reportReplaced(key, previous) }
     }
 
     /// Marks `key`'s data expired, like ``AsyncState/invalidate()``; no entry, nothing to do.
+    @inlinable
     public func invalidate(_ key: Key) {
         core.invalidate(key)
     }
 
     /// Cancels `key`'s fetch in flight, like ``AsyncState/cancel()``.
+    @inlinable
     public func cancel(_ key: Key) {
         core.cancel(key)
     }
@@ -57,6 +60,7 @@ extension AsyncStateFamily {
     /// Removes `key`'s entry: its fetch in flight is cancelled (its callers get `CancellationError`),
     /// its `updates(for:)` streams finish, and `onRemoval` is told. Returns whether there was one.
     @discardableResult
+    @inlinable
     public func remove(_ key: Key) -> Bool {
         core.remove(key)
     }
@@ -64,6 +68,7 @@ extension AsyncStateFamily {
     // MARK: Changing every key
 
     /// Marks the data of every key that `isIncluded` accepts expired.
+    @inlinable
     public func invalidate(where isIncluded: (Key) throws -> Bool) rethrows {
         try core.invalidate(where: isIncluded)
     }

@@ -59,6 +59,7 @@ extension AsyncStateFamily {
     /// - Returns: `key`'s snapshot once the call is answered (its value is `nil` if the key never had
     ///   one).
     /// - Throws: What ``AsyncState/snapshot(retry:_:)`` throws.
+    @inlinable
     public nonisolated(nonsending) func snapshot(
         for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
     ) async throws -> AsyncSnapshot<Value?> {
@@ -96,7 +97,8 @@ extension AsyncStateFamily {
     }
 
     /// The miss path of ``snapshot(for:retry:_:)``: the snapshot once `key`'s store has answered.
-    @usableFromInline
+    /// Specialized in the caller's module but never inlined into it, as ``fetchFromStore(_:_:retry:_:)``.
+    @inlinable @inline(never)
     nonisolated(nonsending) func snapshotFromStore(
         for key: Key, retry: RetryPolicy?, _ operation: @escaping Operation
     ) async throws -> AsyncSnapshot<Value?> {
@@ -131,6 +133,7 @@ extension AsyncStateFamily {
     }
 
     /// Fetches `key` now, fresh or not, like ``AsyncState/refresh(retry:_:)``.
+    @inlinable
     public nonisolated(nonsending) func refresh(
         for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
     ) async {
@@ -142,6 +145,7 @@ extension AsyncStateFamily {
     /// Re-runs `key`'s fetch when its phase is failure or empty, with `operation`, bypassing the
     /// failure expiry; starts a pending automatic retry now; otherwise does nothing — like
     /// ``AsyncState/retry(_:)``. Returns once the fetch has settled.
+    @inlinable
     public nonisolated(nonsending) func retry(for key: Key, _ operation: @escaping Operation) async {
         await core.using(key) { store in _ = try? await store.retry(storeOperation(key, store, .value, operation)) }
     }

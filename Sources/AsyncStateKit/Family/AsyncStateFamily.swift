@@ -387,6 +387,7 @@ public struct AsyncStateFamily<Key: Hashable & Sendable, Value: Sendable>: Senda
     /// `key`'s current snapshot first, then one per transition, in order, like
     /// ``AsyncState/updates``. Makes the key's entry if it has none, and counts as a use; the stream
     /// finishes when the entry leaves the family (removed, evicted or idle).
+    @inlinable
     public func updates(for key: Key) -> AsyncStream<AsyncSnapshot<Value?>> {
         core.usingNow(key) { $0.cell.subscribe(at: core.clock.now()) }
     }
