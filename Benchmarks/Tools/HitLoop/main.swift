@@ -126,19 +126,32 @@ func run() async throws {
         let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
         for key in 0..<keys { family.set(key, for: key) }
         start = .now
-        for _ in 0..<rounds { for key in order { family.set(key, for: key); sum &+= key } }
+        for _ in 0..<rounds {
+            for key in order {
+                family.set(key, for: key)
+                sum &+= key
+            }
+        }
     case "refresh":
         let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
         for key in 0..<keys { family.set(key, for: key) }
-        (rounds, order) = (max(1, misses / keys), order)
+        rounds = max(1, misses / keys)
         start = .now
-        for _ in 0..<rounds { for key in order { await family.refresh(for: key) { $0 }; sum &+= key } }
+        for _ in 0..<rounds {
+            for key in order {
+                await family.refresh(for: key) { $0 }
+                sum &+= key
+            }
+        }
     case "set-fresh":
         (rounds, order) = (misses / 1_000, Array(0..<1_000))
         start = .now
         for _ in 0..<rounds {
             let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
-            for key in order { family.set(key, for: key); sum &+= key }
+            for key in order {
+                family.set(key, for: key)
+                sum &+= key
+            }
         }
     case "single-yield":
         let state = AsyncState<Int>(wrappedValue: 0, expiry: .zero)

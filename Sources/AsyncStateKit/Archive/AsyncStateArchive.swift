@@ -31,7 +31,7 @@ public struct AsyncStateArchive<Value: Sendable>: Sendable {
     }
 
     /// Checks that this archive can be restored: its version is known, its phase is a success.
-    func validated() throws(AsyncStateArchiveError) -> Self {
+    @usableFromInline func validated() throws(AsyncStateArchiveError) -> Self {
         guard formatVersion == Self.currentFormatVersion else {
             throw .unknownVersion(found: formatVersion, supported: Self.currentFormatVersion)
         }

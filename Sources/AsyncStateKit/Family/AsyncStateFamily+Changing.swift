@@ -5,6 +5,7 @@ extension AsyncStateFamily {
 
     /// Every entry's data saved for a warm restart, by key (entries without a value are left out),
     /// like ``AsyncState/archive``.
+    @inlinable
     public var archive: [Key: AsyncStateArchive<Value>] {
         var archives: [Key: AsyncStateArchive<Value>] = [:]
         for node in core.entries {
@@ -23,6 +24,7 @@ extension AsyncStateFamily {
     /// - Throws: ``AsyncStateArchiveError`` if any archive has an unknown format version or phase;
     ///   then none is restored.
     @discardableResult
+    @inlinable
     public func restore(_ archives: [Key: AsyncStateArchive<Value>]) throws(AsyncStateArchiveError) -> Int {
         var valid: [(Key, AsyncStateArchive<Value>)] = []
         valid.reserveCapacity(archives.count)
@@ -85,16 +87,19 @@ extension AsyncStateFamily {
     /// The observer hears ``AsyncStateEvent/Kind/invalidated`` for each entry, then one
     /// ``AsyncStateEvent/Kind/invalidatedTag(_:entries:)``.
     @discardableResult
+    @inlinable
     public func invalidate(tag: String) -> Int {
         core.invalidate(tag: tag)
     }
 
     /// Marks every key's data expired.
+    @inlinable
     public func invalidateAll() {
         core.invalidate { _ in true }
     }
 
     /// Removes every entry, as ``remove(_:)`` does each.
+    @inlinable
     public func removeAll() {
         core.removeAll()
     }
