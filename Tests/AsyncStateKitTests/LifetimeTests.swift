@@ -1,4 +1,5 @@
 import AsyncStateTesting
+import Foundation
 import Testing
 
 @testable import AsyncStateKit
@@ -15,6 +16,41 @@ import Testing
             _ = state.updates  // a subscriber nobody reads does not keep it alive either
         }
         #expect(store == nil)
+    }
+
+    /// A value the state no longer holds is released after the lock that readers take: its deinit
+    /// is user code, which may read the state (`wrappedValue`, `phase`, `snapshot`). Before, the
+    /// snapshot a write replaced was released under the cell's lock, and such a read waited for that
+    /// lock forever.
+    @Test func aReplacedValueIsReleasedOutsideTheStatesLocks() async {
+        /// Reads its state when it is freed, on another thread, waiting at most 10 s (real time,
+        /// spent only if the read is blocked).
+        final class Reader: Sendable {
+            let state = LockedValue<AsyncState<Reader?>?>(nil)
+            let answered = LockedValue<Bool?>(nil)
+            deinit {
+                guard let state = state.withLock({ $0 }) else { return }
+                let done = DispatchSemaphore(value: 0)
+                let read = LockedValue(false)
+                Thread.detachNewThread {
+                    _ = state.phase
+                    read.withLock { $0 = true }
+                    done.signal()
+                }
+                _ = done.wait(timeout: .now() + 10)
+                answered.withLock { $0 = read.withLock { $0 } }
+            }
+        }
+        let state = AsyncState<Reader?>(wrappedValue: nil, clock: VirtualClock())
+        let answered: LockedValue<Bool?>
+        do {
+            let first = Reader()
+            first.state.withLock { $0 = state }
+            answered = first.answered
+            await state.set(first)
+        }
+        await state.set(nil)  // the state held the last reference to `first`
+        #expect(answered.withLock { $0 } == true)
     }
 
     @Test func aStateDroppedMidFlightIsFreedWhenItsOperationEnds() async throws {

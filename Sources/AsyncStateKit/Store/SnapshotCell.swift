@@ -50,7 +50,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     }
 
     /// Makes the contents those of a new cell holding `value`, for a store a family keeps as a spare
-    /// (``AsyncStateStore/park()``), which has no subscriber. Subscriber ids go on counting, so that
+    /// (``AsyncStateStore/rest(users:parking:)``), which has no subscriber. Subscriber ids go on counting, so that
     /// an id handed out before is never handed out again. Returns the contents it replaced, for the
     /// caller to release once its own lock is released.
     @inlinable func renew(value: Value) -> Contents {
@@ -111,19 +111,27 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     /// copy the subscriber list (a reference count); the snapshots are sent after it is released. A
     /// subscriber that arrives in between starts with the new snapshot and is not in the copy, so it
     /// gets it exactly once.
+    ///
+    /// The snapshot is moved in, not copied, and the one it replaces is released after this lock:
+    /// its value's deinit is user code, which may read the state (under the lock, that read would
+    /// wait for it forever).
     @inlinable func publish(
-        _ snapshot: AsyncSnapshot<Value>, freshSince: Duration?, receivedAt: Duration?,
+        _ snapshot: consuming AsyncSnapshot<Value>, freshSince: Duration?, receivedAt: Duration?,
         flightStart: (reason: AsyncStateEvent.Reason, hadValue: Bool)?, notifying: Bool = true
     ) {
-        let subscribers = contents.withLock { contents -> [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation] in
-            contents.snapshot = snapshot
+        let sent = contents.withLock {
+            contents -> (AsyncSnapshot<Value>, [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation])? in
+            swap(&contents.snapshot, &snapshot)
             contents.freshSince = freshSince
             contents.receivedAt = receivedAt
             contents.flightStart = flightStart
-            return notifying ? contents.subscribers : [:]
+            guard notifying, !contents.subscribers.isEmpty else { return nil }
+            return (contents.snapshot, contents.subscribers)
         }
         // `yield` never blocks and runs none of our code: a waiting consumer is resumed by enqueueing it.
-        for continuation in subscribers.values { continuation.yield(snapshot) }
+        if let (snapshot, subscribers) = sent {
+            for continuation in subscribers.values { continuation.yield(snapshot) }
+        }
     }
 
     /// A new stream that starts with the current snapshot (expired or not at `now`). It leaves the
