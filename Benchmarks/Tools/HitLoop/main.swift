@@ -12,6 +12,8 @@
 //   swift run --package-path Benchmarks -c release HitLoop miss-fresh 10000   # misses as the harness makes them:
 //       1,000 at a time into a new family (the capacity), its teardown included
 //   swift run --package-path Benchmarks -c release HitLoop miss-actor-fresh   # the same with the actor cache
+//   swift run --package-path Benchmarks -c release HitLoop miss-fresh-var 10000   # miss-fresh with the operation
+//       in a `let` rather than a literal at the call
 //   swift run --package-path Benchmarks -c release HitLoop miss-fresh-yield 10000   # miss-fresh, the operation
 //       suspending once (`Task.yield()`), as a real source's does (miss-actor-fresh-yield: the actor cache)
 //   swift run --package-path Benchmarks -c release HitLoop single-yield   # a state that refetches on every call
@@ -59,6 +61,7 @@ func run() async throws {
     let modes = [
         "family", "family-snapshot", "dictionary", "single", "miss", "miss-actor", "miss-fresh", "miss-actor-fresh",
         "miss-fresh-yield", "miss-actor-fresh-yield", "single-yield", "raw-yield", "set", "set-fresh", "refresh",
+        "miss-fresh-var",
     ]
     guard modes.contains(mode), keys > 0 else {
         print("usage: HitLoop \(modes.joined(separator: "|")) [keys] [misses]")
@@ -90,6 +93,14 @@ func run() async throws {
         for _ in 0..<rounds {
             let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
             for key in order { sum &+= try await family.value(for: key) { $0 } }
+        }
+    case "miss-fresh-var":
+        (rounds, order) = (misses / 1_000, Array(0..<1_000))
+        let operation: @Sendable (Int) async throws -> Int = { $0 }
+        start = .now
+        for _ in 0..<rounds {
+            let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
+            for key in order { sum &+= try await family.value(for: key, operation) }
         }
     case "miss-actor-fresh":
         (rounds, order) = (misses / 1_000, Array(0..<1_000))

@@ -148,10 +148,10 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// configuration, observed if `observation` is not `nil`, and emptied by ``park()`` (a family
     /// keeps the stores of its entries that became compact: see ``FamilyShard/spareStores``).
     @inlinable static func around(
-        _ machine: Machine, clock: StoreClock, observation: Observation?, reusing spare: AsyncStateStore?
+        _ machine: consuming Machine, clock: StoreClock, observation: Observation?, reusing spare: AsyncStateStore?
     ) -> AsyncStateStore {
-        guard let spare else { return AsyncStateStore(machine, clock: clock, observation: observation) }
-        spare.renew(machine, observation: observation)
+        guard let spare else { return AsyncStateStore(consume machine, clock: clock, observation: observation) }
+        spare.renew(consume machine, observation: observation)
         return spare
     }
 
@@ -187,13 +187,14 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     /// for every store of a family. Only for a store that nobody else references: no task, timer,
     /// waiter or reader can reach it, so nothing sees the change. Waiter ids go on counting, so that
     /// an observer never sees two callers of this object with the same ``AsyncStateEvent/Waiter``.
-    @inlinable func renew(_ machine: Machine, observation: Observation?) {
+    @inlinable func renew(_ machine: consuming Machine, observation: Observation?) {
         precondition((events == nil) == (observation == nil), "a spare store is observed as its family is")
         if let events, let observation { events.renew(observation) }
+        // Moved in and swapped, not copied: the old core is freed with `new`, after the lock.
+        var new = Core(machine: consume machine)
         core.withLock { core in
-            let lastWaiter = core.lastWaiter
-            core = Core(machine: machine)
-            core.lastWaiter = lastWaiter
+            new.lastWaiter = core.lastWaiter
+            swap(&core, &new)
         }
     }
 
@@ -532,9 +533,9 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     // MARK: Performing actions (under the lock; effects after it)
 
     @inlinable func perform(
-        _ action: Machine.FlightAction, at now: Duration, in core: inout Core, _ effects: inout Effects
+        _ action: consuming Machine.FlightAction, at now: Duration, in core: inout Core, _ effects: inout Effects
     ) {
-        switch action {
+        switch consume action {
         case .drop:
             break
         case .retry(let flight, let attempt, let at, let error, let attempts, let cancel):

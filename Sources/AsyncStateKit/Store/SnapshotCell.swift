@@ -119,19 +119,19 @@ final class SnapshotCell<Value: Sendable>: Sendable {
         _ snapshot: consuming AsyncSnapshot<Value>, freshSince: Duration?, receivedAt: Duration?,
         flightStart: (reason: AsyncStateEvent.Reason, hadValue: Bool)?, notifying: Bool = true
     ) {
-        let sent = contents.withLock {
-            contents -> (AsyncSnapshot<Value>, [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation])? in
+        let subscribers = contents.withLock { contents -> [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation] in
             swap(&contents.snapshot, &snapshot)
             contents.freshSince = freshSince
             contents.receivedAt = receivedAt
             contents.flightStart = flightStart
-            guard notifying, !contents.subscribers.isEmpty else { return nil }
-            return (contents.snapshot, contents.subscribers)
+            return notifying ? contents.subscribers : [:]
         }
+        guard !subscribers.isEmpty else { return }
+        // Read again rather than copied out under the lock: only the store publishes, one transition
+        // at a time, so this is still the snapshot just published.
+        let published = contents.read { $0.pointee.snapshot }
         // `yield` never blocks and runs none of our code: a waiting consumer is resumed by enqueueing it.
-        if let (snapshot, subscribers) = sent {
-            for continuation in subscribers.values { continuation.yield(snapshot) }
-        }
+        for continuation in subscribers.values { continuation.yield(published) }
     }
 
     /// A new stream that starts with the current snapshot (expired or not at `now`). It leaves the
