@@ -210,4 +210,20 @@ import Testing
         #expect(small.snapshot(for: 1) == nil)
         #expect(evicted == nil)
     }
+
+    /// A batch's keys rest as single keys do: their stores are kept as spares (up to the limit), and
+    /// the next keys are made from them. Before, the batch call still held its keys' stores when it
+    /// unpinned them, and kept none. (Ten keys for two spares: an attempt's task that has not yet let
+    /// go of its store when the call unpins its key — it resumes the caller just before it ends —
+    /// costs that key's spare, not the test.)
+    @Test func aBatchsStoresAreKeptAsSpares() async throws {
+        let family = AsyncStateFamily<Int, String>(expiry: .seconds(60), capacity: 100)
+        let results = await family.values(for: 1...10) { keys in
+            Dictionary(uniqueKeysWithValues: keys.map { ($0, "\($0)") })
+        }
+        #expect(results.count == 10 && (try? results[2]?.get()) == "2")
+        #expect(Self.spares(family) == FamilyShard<Int, String>.spareLimit)
+        #expect(try await family.value(for: 11) { _ in "eleven" } == "eleven")
+        #expect(Self.spares(family) == FamilyShard<Int, String>.spareLimit)
+    }
 }

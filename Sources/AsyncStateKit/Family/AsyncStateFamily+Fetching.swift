@@ -223,6 +223,9 @@ extension AsyncStateFamily {
                 results[key] = .failure(error)
             }
         }
+        // The stores go before the unpins (deferred above), so that a store nothing else holds is
+        // kept as a spare, as a single key's is.
+        waiting = []
         return results
     }
 
