@@ -18,7 +18,10 @@ import Testing
         #expect(ids.count == 2 && Set(ids) == [7, 9])
         ids.remove(7)
         // Back to one inline id: it is found, and removing it empties the set.
-        if case .one(9) = ids.storage {} else { Issue.record("one id left is not kept inline: \(ids.storage)") }
+        if case .one(9, _) = ids.table.storage {
+        } else {
+            Issue.record("one id left is not kept inline: \(ids.table.storage)")
+        }
         #expect(ids == [9] && ids.contains(9))
         ids.remove(9)
         #expect(ids.isEmpty && ids == [])

@@ -118,19 +118,99 @@ final class WaiterResult<Value: Sendable>: WaiterOutcome, @unchecked Sendable {
     }
 }
 
-/// The ids of a flight's waiters: a set that holds one id inline, so that the usual flight — one
-/// caller — allocates no set storage. Iterated in no particular order (sort where order matters).
+/// A table keyed by waiter id that holds one entry inline, so that the usual flight — one caller —
+/// allocates no storage for it: the shape of both ``WaiterIDs`` (a set: `Void` entries) and
+/// ``WaiterSlots``. Iterated in no particular order (sort where order matters).
 @usableFromInline
-struct WaiterIDs: Sequence, Sendable, Equatable, ExpressibleByArrayLiteral {
+struct InlineOneTable<Entry: Sendable>: Sendable {
     @usableFromInline
     enum Storage: Sendable {
         case empty
-        case one(UInt64)
-        /// Two ids or more (never fewer: a removal that leaves one goes back to ``one(_:)``).
-        case many(Set<UInt64>)
+        case one(UInt64, Entry)
+        /// Two entries or more (never fewer: a removal that leaves one goes back to ``one(_:_:)``).
+        case many([UInt64: Entry])
     }
 
     @usableFromInline var storage: Storage = .empty
+
+    @inlinable init() {}
+
+    @inlinable var isEmpty: Bool {
+        if case .empty = storage { return true }
+        return false
+    }
+
+    @inlinable var count: Int {
+        switch storage {
+        case .empty: return 0
+        case .one: return 1
+        case .many(let entries): return entries.count
+        }
+    }
+
+    /// The entry of `id`; setting `nil` removes it.
+    @inlinable subscript(id: UInt64) -> Entry? {
+        get {
+            switch storage {
+            case .empty: return nil
+            case .one(let only, let entry): return only == id ? entry : nil
+            case .many(let entries): return entries[id]
+            }
+        }
+        set {
+            switch storage {
+            case .empty:
+                if let newValue { storage = .one(id, newValue) }
+            case .one(let only, let entry):
+                if only == id {
+                    storage = newValue.map { .one(id, $0) } ?? .empty
+                } else if let newValue {
+                    storage = .many([only: entry, id: newValue])
+                }
+            case .many(var entries):
+                storage = .empty  // `entries` is then the dictionary's only reference: changed in place
+                entries[id] = newValue
+                if entries.count == 1, let (only, entry) = entries.first {
+                    storage = .one(only, entry)
+                } else {
+                    storage = .many(entries)
+                }
+            }
+        }
+    }
+
+    /// The ids, in no particular order.
+    @usableFromInline
+    struct IDs: IteratorProtocol {
+        @usableFromInline var one: UInt64?
+        @usableFromInline var many: Dictionary<UInt64, Entry>.Keys.Iterator?
+
+        @inlinable init(_ storage: Storage) {
+            switch storage {
+            case .empty: break
+            case .one(let only, _): one = only
+            case .many(let entries): many = entries.keys.makeIterator()
+            }
+        }
+
+        @inlinable mutating func next() -> UInt64? {
+            if let only = one {
+                one = nil
+                return only
+            }
+            return many?.next()
+        }
+    }
+
+    @inlinable var ids: IDs { IDs(storage) }
+}
+
+/// The ids of a flight's waiters: a set that holds one id inline (an ``InlineOneTable`` of `Void`),
+/// so that the usual flight — one caller — allocates no storage. Iterated in no particular order
+/// (sort where order matters).
+@usableFromInline
+struct WaiterIDs: Sequence, Sendable, Equatable, ExpressibleByArrayLiteral {
+    @usableFromInline var table = InlineOneTable<Void>()
 
     @inlinable init() {}
 
@@ -149,52 +229,15 @@ struct WaiterIDs: Sequence, Sendable, Equatable, ExpressibleByArrayLiteral {
         return iterator.next()
     }
 
-    @inlinable var isEmpty: Bool {
-        if case .empty = storage { return true }
-        return false
-    }
+    @inlinable var isEmpty: Bool { table.isEmpty }
 
-    @inlinable var count: Int {
-        switch storage {
-        case .empty: return 0
-        case .one: return 1
-        case .many(let ids): return ids.count
-        }
-    }
+    @inlinable var count: Int { table.count }
 
-    @inlinable func contains(_ id: UInt64) -> Bool {
-        switch storage {
-        case .empty: return false
-        case .one(let only): return only == id
-        case .many(let ids): return ids.contains(id)
-        }
-    }
+    @inlinable func contains(_ id: UInt64) -> Bool { table[id] != nil }
 
-    @inlinable mutating func insert(_ id: UInt64) {
-        switch storage {
-        case .empty:
-            storage = .one(id)
-        case .one(let only):
-            if only != id { storage = .many([only, id]) }
-        case .many(var ids):
-            storage = .empty  // `ids` is then the set's only reference: inserted in place
-            ids.insert(id)
-            storage = .many(ids)
-        }
-    }
+    @inlinable mutating func insert(_ id: UInt64) { table[id] = () }
 
-    @inlinable mutating func remove(_ id: UInt64) {
-        switch storage {
-        case .empty:
-            break
-        case .one(let only):
-            if only == id { storage = .empty }
-        case .many(var ids):
-            storage = .empty
-            ids.remove(id)
-            storage = ids.count == 1 ? .one(ids.first!) : .many(ids)
-        }
-    }
+    @inlinable mutating func remove(_ id: UInt64) { table[id] = nil }
 
     /// The ids that are not in `other`.
     @inlinable func subtracting(_ other: WaiterIDs) -> WaiterIDs {
@@ -203,91 +246,20 @@ struct WaiterIDs: Sequence, Sendable, Equatable, ExpressibleByArrayLiteral {
         return remaining
     }
 
-    @inlinable func makeIterator() -> Iterator { Iterator(storage) }
-
-    @usableFromInline
-    struct Iterator: IteratorProtocol {
-        @usableFromInline var one: UInt64?
-        @usableFromInline var many: Set<UInt64>.Iterator?
-
-        @inlinable init(_ storage: Storage) {
-            switch storage {
-            case .empty: break
-            case .one(let only): one = only
-            case .many(let ids): many = ids.makeIterator()
-            }
-        }
-
-        @inlinable mutating func next() -> UInt64? {
-            if let only = one {
-                one = nil
-                return only
-            }
-            return many?.next()
-        }
-    }
+    @inlinable func makeIterator() -> InlineOneTable<Void>.IDs { table.ids }
 }
 
 /// A store's table of waiters, by id: one slot inline, so that a flight with one caller allocates
 /// no dictionary for it.
 @usableFromInline
-struct WaiterSlots: Sendable {
-    @usableFromInline
-    enum Storage: Sendable {
-        case empty
-        case one(UInt64, WaiterSlot)
-        /// Two slots or more (a removal that leaves one goes back to ``one(_:_:)``).
-        case many([UInt64: WaiterSlot])
-    }
+typealias WaiterSlots = InlineOneTable<WaiterSlot>
 
-    @usableFromInline var storage: Storage = .empty
-
-    @inlinable init() {}
-
-    @inlinable var count: Int {
-        switch storage {
-        case .empty: return 0
-        case .one: return 1
-        case .many(let slots): return slots.count
-        }
-    }
-
+extension InlineOneTable where Entry == WaiterSlot {
     /// Waiter `id`'s outcome, taken out of the table, if it arrived before the waiter registered
     /// (its slot is `resolved`); else `nil`, and the table is unchanged.
     @inlinable mutating func takeOutcome(of id: UInt64) -> WaiterOutcome? {
         guard case .resolved(let outcome) = self[id] else { return nil }
         self[id] = nil
         return outcome
-    }
-
-    /// Waiter `id`'s slot; setting `nil` removes it.
-    @inlinable subscript(id: UInt64) -> WaiterSlot? {
-        get {
-            switch storage {
-            case .empty: return nil
-            case .one(let only, let slot): return only == id ? slot : nil
-            case .many(let slots): return slots[id]
-            }
-        }
-        set {
-            switch storage {
-            case .empty:
-                if let newValue { storage = .one(id, newValue) }
-            case .one(let only, let slot):
-                if only == id {
-                    storage = newValue.map { .one(id, $0) } ?? .empty
-                } else if let newValue {
-                    storage = .many([only: slot, id: newValue])
-                }
-            case .many(var slots):
-                storage = .empty  // `slots` is then the dictionary's only reference: changed in place
-                slots[id] = newValue
-                if slots.count == 1, let (only, slot) = slots.first {
-                    storage = .one(only, slot)
-                } else {
-                    storage = .many(slots)
-                }
-            }
-        }
     }
 }
