@@ -226,4 +226,31 @@ import Testing
         #expect(try await family.value(for: 11) { _ in "eleven" } == "eleven")
         #expect(Self.spares(family) == FamilyShard<Int, String>.spareLimit)
     }
+
+    /// Hears every fetch and keeps none: only weak references, to see whether anything else does.
+    final class FetchWatcher: AsyncStateObserver {
+        struct Seen: Sendable { weak var fetch: AsyncStateFetch? }
+        let seen = LockedValue<[Seen]>([])
+
+        func observe(_ event: AsyncStateEvent) {
+            if let fetch = event.fetch { seen.withLock { $0.append(Seen(fetch: fetch)) } }
+        }
+
+        var heard: Int { seen.withLock { $0.count } }
+        var alive: Int { seen.withLock { $0.count { $0.fetch != nil } } }
+    }
+
+    /// An observed spare keeps nothing of the key it served either: not its last fetch (which holds
+    /// that fetch's annotations) nor its key's description. Before, both stayed in its event queue
+    /// until the spare served another key.
+    @Test func anObservedSpareKeepsNoFetchOfTheKeyItServed() async throws {
+        let watcher = FetchWatcher()
+        let family = AsyncStateFamily<Int, String>(
+            capacity: 100, clock: VirtualClock(), name: "users", observer: watcher)
+        #expect(try await family.value(for: 1) { _ in "one" } == "one")
+        #expect(Self.spares(family) == 1 && watcher.heard > 0)
+        #expect(watcher.alive == 0)
+        let queue = try #require(family.core.shards[0].withLock { $0.spareStores.first?.events })
+        #expect(queue.observation.key == nil && queue.currentFetch == nil)
+    }
 }

@@ -168,11 +168,13 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// Empties this store as its family keeps it as a spare (``FamilyShard/spareStores``): the cell's
-    /// contents become initial and the machine's data the initial data, so that a spare keeps no
-    /// key's value, error or metadata alive (a key removed or evicted while its old store waits to be
-    /// reused is freed with its entry). Only for a store that nobody else references, at rest.
-    /// Returns what it held: a value's deinit is user code, so the caller releases it after its lock.
+    /// contents become initial and the machine's data the initial data, and its event queue forgets
+    /// the key and its last fetch, so that a spare keeps no key's value, error, metadata or fetch
+    /// alive (a key removed or evicted while its old store waits to be reused is freed with its
+    /// entry). Only for a store that nobody else references, at rest. Returns what it held: a value's
+    /// deinit is user code, so the caller releases it after its lock.
     @inlinable func park() -> Leftovers {
+        events?.park()
         let (data, initialValue) = core.withLock { core in
             var data = StateData(initialValue: core.machine.initialValue)
             swap(&data, &core.machine.data)
