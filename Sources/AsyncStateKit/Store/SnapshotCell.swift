@@ -50,7 +50,7 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     }
 
     /// Makes the contents those of a new cell holding `value`, for a store a family keeps as a spare
-    /// (``AsyncStateStore/rest(users:parking:)``), which has no subscriber. Subscriber ids go on counting, so that
+    /// (``AsyncStateStore/park()``), which has no subscriber. Subscriber ids go on counting, so that
     /// an id handed out before is never handed out again. Returns the contents it replaced, for the
     /// caller to release once its own lock is released.
     @inlinable func renew(value: Value) -> Contents {
