@@ -169,7 +169,7 @@ import Testing
                 of: key, hash: key.hashValue, at: .milliseconds(1_000 + key / 5), hitWindow: .seconds(3_600))
         }
         // At 10 s with an idle expiry of 10 s: nothing idle (all used after 0), all placed again.
-        var removed: [FamilyShard<Int, Int>.Removed] = []
+        var removed = FamilyShard<Int, Int>.Removals()
         var calls = 0
         var done = false
         while !done {

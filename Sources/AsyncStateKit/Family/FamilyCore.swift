@@ -338,7 +338,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// only then, if the family is still over, `key`'s entry goes.
     @inlinable func trim(after key: Key) {
         guard ledger != nil || population.load(ordering: .relaxed) > capacity else { return }
-        var removed: [Shard.Removed] = []
+        var removed = Shard.Removals()
         let home = shardIndex(for: key)
         func evicted(_ done: Bool) -> Bool {
             if done { population.subtract(1, ordering: .relaxed) }
@@ -504,7 +504,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         report([.init(key: key, value: value, reason: .replaced)])
     }
 
-    @inlinable func report(_ removed: [Shard.Removed]) {
+    @inlinable func report(_ removed: some Sequence<Shard.Removed>) {
         for entry in removed {
             onRemoval?(entry.key, entry.value, entry.reason)
             if let observer {
@@ -560,7 +560,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         let now = clock.now()
         let deadline = now - idleExpiry
         let ahead = deadline.saturatingAdd(idleExpiry / 8)
-        var removed: [Shard.Removed] = []
+        var removed = Shard.Removals()
         for shard in shards {
             var done = false
             while !done {

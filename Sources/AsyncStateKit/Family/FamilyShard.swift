@@ -86,6 +86,10 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         }
     }
 
+    /// The entries an eviction or a sweep removed, to be reported and released after the lock: the
+    /// first inline, since a write that takes the family past its capacity evicts one.
+    @usableFromInline typealias Removals = InlineOneArray<Removed>
+
     /// The entries: records, index and slots.
     @usableFromInline var table = Table()
     /// The eviction policy.
@@ -444,7 +448,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// Evicts one entry that is not busy, as the policy chooses, into `removed`; returns whether
     /// there was one. Busy entries (in use, or with a flight in flight) are skipped, and so is
     /// `sparing` (an entry just made or written, whose caller expects to find it).
-    @inlinable mutating func evictOne(sparing: Key? = nil, into removed: inout [Removed]) -> Bool {
+    @inlinable mutating func evictOne(sparing: Key? = nil, into removed: inout Removals) -> Bool {
         policy.applyReads()
         let chosen: (slot: Int32, refused: Bool)?
         do {
@@ -465,7 +469,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     /// Evicts `key`'s entry if it is not busy and, given `maximum`, if it alone weighs more than
     /// that (the family could never hold it); returns whether it did. A busy one stays.
-    @inlinable mutating func evict(_ key: Key, ifHeavierThan maximum: Int? = nil, into removed: inout [Removed]) -> Bool
+    @inlinable mutating func evict(_ key: Key, ifHeavierThan maximum: Int? = nil, into removed: inout Removals) -> Bool
     {
         guard let slot = table.slot(of: key), !isBusy(Int(slot)) else { return false }
         if let maximum, weigher == nil || weights[Int(slot)] <= maximum { return false }  // nothing weighed: no weight
@@ -482,7 +486,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// Returns how many it removed and whether it is done. Needs `tracksIdle`.
     @inlinable mutating func removeIdle(
         accessedBy deadline: Duration, placingUntil ahead: Duration, now: Duration, budget: Int,
-        into removed: inout [Removed]
+        into removed: inout Removals
     ) -> (removed: Int, done: Bool) {
         var count = 0
         for _ in 0..<budget {

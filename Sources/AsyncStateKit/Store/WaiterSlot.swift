@@ -57,26 +57,58 @@ enum WaiterSlot: Sendable {
     }
 }
 
-/// The continuations a settled flight resumes once the lock is released, with their waiters' ids:
-/// the first one inline, so that the usual flight — one caller — allocates no array for it.
+/// An array that holds its first element inline, so that the usual case — one element — allocates
+/// nothing: a settled flight's one waiter (``ResumedWaiters``), a write's one eviction.
+@usableFromInline
+struct InlineOneArray<Element>: Sequence {
+    @usableFromInline var first: Element?
+    @usableFromInline var more: [Element] = []
+
+    @inlinable init() {}
+
+    @inlinable var isEmpty: Bool { first == nil }
+
+    @inlinable mutating func append(_ element: Element) {
+        if first == nil { first = element } else { more.append(element) }
+    }
+
+    @inlinable func makeIterator() -> Iterator { Iterator(first: first, more: more.makeIterator()) }
+
+    @usableFromInline
+    struct Iterator: IteratorProtocol {
+        @usableFromInline var first: Element?
+        @usableFromInline var more: IndexingIterator<[Element]>
+
+        @inlinable init(first: Element?, more: IndexingIterator<[Element]>) {
+            (self.first, self.more) = (first, more)
+        }
+
+        @inlinable mutating func next() -> Element? {
+            if let element = first {
+                first = nil
+                return element
+            }
+            return more.next()
+        }
+    }
+}
+
+/// The continuations a settled flight resumes once the lock is released, with their waiters' ids.
 @usableFromInline
 struct ResumedWaiters {
     @usableFromInline typealias Waiter = (id: UInt64, continuation: UnsafeContinuation<WaiterOutcome, Never>)
 
-    @usableFromInline var first: Waiter?
-    @usableFromInline var more: [Waiter] = []
+    @usableFromInline var waiters = InlineOneArray<Waiter>()
 
     @inlinable init() {}
 
-    @inlinable mutating func append(_ waiter: Waiter) {
-        if first == nil { first = waiter } else { more.append(waiter) }
-    }
+    @inlinable mutating func append(_ waiter: Waiter) { waiters.append(waiter) }
 
     /// Resumes every waiter with `outcome`, in arrival order (ids grow): sorted here, after the lock.
     @inlinable func resume(with outcome: WaiterOutcome) {
-        guard let first else { return }
-        guard !more.isEmpty else { return first.continuation.resume(returning: outcome) }
-        for waiter in ([first] + more).sorted(by: { $0.id < $1.id }) {
+        guard let first = waiters.first else { return }
+        guard !waiters.more.isEmpty else { return first.continuation.resume(returning: outcome) }
+        for waiter in waiters.sorted(by: { $0.id < $1.id }) {
             waiter.continuation.resume(returning: outcome)
         }
     }
