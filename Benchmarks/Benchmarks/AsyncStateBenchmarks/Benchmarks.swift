@@ -679,6 +679,21 @@ let benchmarks: @Sendable () -> Void = {
                     family.set(key, for: key)
                 }
             }
+            // A write of a new key to a full family: it evicts one entry (reported and released
+            // after the shard's lock, from a list whose first entry is inline: no allocation).
+            Benchmark("Family:write-set(_:for:)-new-key-evicting-1000-keys", configuration: nanosecondScale) {
+                benchmark in
+                let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
+                for key in 0..<keys { family.set(key, for: key) }
+                var next = keys
+                benchmark.startMeasurement()
+                for _ in benchmark.scaledIterations {
+                    family.set(next, for: next)
+                    next += 1
+                }
+                benchmark.stopMeasurement()
+                if family.count != keys { benchmark.error("\(family.count) entries for a capacity of \(keys)") }
+            }
             Benchmark("Family:actor-dictionary-with-TTL-write-1000-keys(baseline)", configuration: nanosecondScale) {
                 benchmark in
                 let dictionary = TTLDictionary<Int, Int>(expiry: .seconds(3_600))
