@@ -732,9 +732,11 @@ let benchmarks: @Sendable () -> Void = {
         }
     }
 
-    // A miss: a key never asked before, one caller. The family makes the entry, runs the operation,
-    // settles and (full at 10,000 entries) evicts one; the hand-written caches make a task and keep
-    // every key (they have no capacity). Each benchmark is written out with its operation as a
+    // A miss: a key never asked before, one caller. The family makes the entry, runs the operation
+    // and settles; the hand-written caches make a task and keep every key (they have no capacity).
+    // Each sample makes a new family and asks 1,000 keys of it, so its misses never evict (an
+    // evicting write is `Family:write-set(_:for:)-new-key-evicting-…`, and `HitLoop miss 10000`
+    // fills the family first). Each benchmark is written out with its operation as a
     // literal at the call, as a user writes it: passed in from a shared helper, the family's
     // operation cost two more allocations per miss (13 against 11), which is not what users pay.
     Benchmark("Miss:family-value(for:)-new-key", configuration: capturingScale) { benchmark in
