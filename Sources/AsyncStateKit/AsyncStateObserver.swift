@@ -372,14 +372,12 @@ final class EventQueue: Sendable {
         self.observation = observation
     }
 
-    /// Empties the queue of a family's store kept as a spare (``AsyncStateStore/park()``), which
-    /// nothing else references (as for ``renew(_:)``): it forgets its key and its last fetch, so that
-    /// a spare keeps nothing of the key it served until it is made anew for another.
+    /// Empties the queue of a family's store kept as a spare (``AsyncStateStore/park()``): renewed
+    /// (``renew(_:)``) as reporting for no key, it forgets its key and its last fetch, so that a
+    /// spare keeps nothing of the key it served until it is made anew for another.
     @usableFromInline
     func park() {
-        precondition(state.withLock { $0.events.isEmpty && !$0.draining }, "a spare store's events were not delivered")
-        fetch.withLock { $0 = nil }
-        observation = Observation(name: observation.name, key: nil, observer: observation.observer)
+        renew(Observation(name: observation.name, key: nil, observer: observation.observer))
     }
 
     /// Adds `events`; called under the state's lock (this lock is taken inside it, never around it).
