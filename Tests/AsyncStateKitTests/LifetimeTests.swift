@@ -22,7 +22,7 @@ import Testing
     /// is user code, which may read the state (`wrappedValue`, `phase`, `snapshot`). Before, the
     /// snapshot a write replaced was released under the cell's lock, and such a read waited for that
     /// lock forever.
-    @Test func aReplacedValueIsReleasedOutsideTheStatesLocks() async {
+    @Test func aReplacedValueIsReleasedOutsideTheLockReadersTake() async {
         /// Reads its state when it is freed, on another thread, waiting at most 10 s (real time,
         /// spent only if the read is blocked).
         final class Reader: Sendable {
