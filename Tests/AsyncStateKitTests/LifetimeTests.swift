@@ -53,6 +53,51 @@ import Testing
         #expect(answered.withLock { $0 } == true)
     }
 
+    /// A value a live entry's fetch replaced is released after the entry's store's lock too: its
+    /// deinit may call the family's synchronous API for the same key (`invalidate`, `set`,
+    /// `remove`), which takes that lock. Before, the snapshot was released after the cell's lock but
+    /// under the store's, and such a call waited for the store's lock forever.
+    @Test func aReplacedFamilyValueIsReleasedOutsideItsStoresLock() async throws {
+        /// Invalidates key 1 of its family when it is freed, on another thread, waiting at most 10 s
+        /// (real time, spent only if the call is blocked).
+        final class Invalidator: Sendable {
+            let family = LockedValue<AsyncStateFamily<Int, Invalidator>?>(nil)
+            let answered = LockedValue<Bool?>(nil)
+            deinit {
+                guard let family = family.withLock({ $0 }) else { return }
+                let done = DispatchSemaphore(value: 0)
+                let invalidated = LockedValue(false)
+                Thread.detachNewThread {
+                    family.invalidate(1)
+                    invalidated.withLock { $0 = true }
+                    done.signal()
+                }
+                _ = done.wait(timeout: .now() + 10)
+                answered.withLock { $0 = invalidated.withLock { $0 } }
+            }
+        }
+        let clock = VirtualClock()
+        let family = AsyncStateFamily<Int, Invalidator>(expiry: .seconds(3_600), clock: clock)
+        let answered: LockedValue<Bool?>
+        do {
+            let first = Invalidator()
+            first.family.withLock { $0 = family }
+            answered = first.answered
+            family.set(first, for: 1)
+        }
+        // The refresh keeps the entry live (its store holds the value) until its fetch settles and
+        // replaces `first`, whose last reference the store's snapshot held.
+        let refresh = clock.task {
+            await family.refresh(for: 1) { _ in
+                try await clock.sleep(for: .seconds(1))
+                return Invalidator()
+            }
+        }
+        await clock.advance(by: .seconds(1))
+        try await refresh.value
+        #expect(answered.withLock { $0 } == true)
+    }
+
     @Test func aStateDroppedMidFlightIsFreedWhenItsOperationEnds() async throws {
         let clock = VirtualClock()
         let source = Source<Int>()

@@ -79,6 +79,10 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         @usableFromInline var invalidation: AsyncStateInvalidation?
         /// The attempt to launch once the lock is released (an event starts at most one).
         @usableFromInline var launch: Machine.Attempt?
+        /// The snapshots this event's publications replaced, released with the effects, after the
+        /// lock: one may hold the last reference to a value or an error, whose deinit is user code
+        /// that may call the state (see ``publish(_:at:notifying:in:)``).
+        @usableFromInline var replaced = InlineOneArray<AsyncSnapshot<Value>>()
 
         @inlinable init() {}
 
@@ -139,7 +143,9 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     ) -> AsyncStateStore {
         let machine = Machine(restoring: data, initialValue: initialValue, configuration: configuration, seed: seed)
         let store = around(machine, clock: clock, observation: observation, reusing: spare)
-        store.publish(machine, at: clock.now())
+        // What it replaces is a new or parked store's initial snapshot, released here, under no lock.
+        var effects = Effects()
+        store.publish(machine, at: clock.now(), in: &effects)
         return store
     }
 
@@ -409,7 +415,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             if events != nil { effects.invalidation = InvalidationCause.current }
             // Data already expired changes no snapshot, but its freshness must go for every reader
             // (`hasExpired(in:)` with a longer interval): published without notifying subscribers.
-            publish(core.machine, at: now, notifying: visible)
+            publish(core.machine, at: now, notifying: visible, in: &effects)
             record(.invalidated, in: &effects)
         }
     }
@@ -423,7 +429,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         withCore(byCaller: true) { core, effects in
             let ended = core.machine.cancel()
             if case .none = ended { return }
-            publish(core.machine, at: clock.now())
+            publish(core.machine, at: clock.now(), in: &effects)
             end(ended, resumingWith: .failure(CancellationError()), in: &core, &effects)
         }
     }
@@ -432,18 +438,18 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         withCore(byCaller: true) { core, effects in
             let now = clock.now()
             let ended = core.machine.set(value, now: now, date: clock.date())
-            publish(core.machine, at: now)
+            publish(core.machine, at: now, in: &effects)
             end(ended, resumingWith: .success(value), in: &core, &effects)
         }
     }
 
     /// Restores saved data (see ``FetchStateMachine/restore(_:isEmpty:lastSuccess:now:date:)``).
     @inlinable func restore(_ value: Value, isEmpty: Bool, lastSuccess: Date?) -> Bool {
-        withCore { core, _ in
+        withCore { core, effects in
             let now = clock.now()
             guard core.machine.restore(value, isEmpty: isEmpty, lastSuccess: lastSuccess, now: now, date: clock.date())
             else { return false }
-            publish(core.machine, at: now)
+            publish(core.machine, at: now, in: &effects)
             return true
         }
     }
@@ -457,7 +463,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         withCore(byCaller: true) { core, effects in
             let (ended, changed) = core.machine.reset()
             guard changed else { return }
-            publish(core.machine, at: clock.now())
+            publish(core.machine, at: clock.now(), in: &effects)
             end(ended, resumingWith: .failure(CancellationError()), in: &core, &effects)
         }
     }
@@ -485,7 +491,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     @inlinable
     func flightLostItsWaiters(_ handles: Machine.Handles, in core: inout Core, _ effects: inout Effects) {
         ended(handles, in: &effects)
-        publish(core.machine, at: clock.now())
+        publish(core.machine, at: clock.now(), in: &effects)
     }
 
     /// An attempt's operation returned or threw.
@@ -545,7 +551,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             effects.cancel(cancel)
             let timer = schedule(at: at) { store, error in store.backoffEnded(flight, attempt, error: error) }
             core.machine.attach(task: nil, timer: timer)
-            publish(core.machine, at: now)
+            publish(core.machine, at: now, in: &effects)
         case .start(let attempt, let cancel):
             effects.cancel(cancel)
             start(attempt, waiter: nil, at: now, in: &core, &effects)
@@ -569,7 +575,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
                     }
                 }
             }
-            publish(core.machine, at: now)
+            publish(core.machine, at: now, in: &effects)
             if case .failSafe(let value) = answer {
                 resume(ids, with: .success(value), in: &core, &effects)
             } else {
@@ -613,11 +619,16 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         effects.resumed = (WaiterSlot.take(ids, settlingWith: outcome, in: &core.waiterSlots), outcome)
     }
 
-    @inlinable func publish(_ machine: Machine, at now: Duration, notifying: Bool = true) {
-        cell.publish(
-            machine.snapshot(at: now), freshSince: machine.data.freshSince, receivedAt: machine.data.receivedAt,
-            flightStart: machine.flightStart,
-            notifying: notifying)
+    /// Publishes `machine`'s snapshot at `now` to the cell (see ``SnapshotCell/publish(_:freshSince:receivedAt:flightStart:notifying:)``).
+    /// The snapshot it replaces goes into `effects`, to be released after the store's lock: it may
+    /// hold the last reference to a value or an error, and their deinits are user code, which may
+    /// call the state — a family's `invalidate`, `set` or `remove` of the same key takes this lock.
+    @inlinable func publish(_ machine: Machine, at now: Duration, notifying: Bool = true, in effects: inout Effects) {
+        effects.replaced.append(
+            cell.publish(
+                machine.snapshot(at: now), freshSince: machine.data.freshSince, receivedAt: machine.data.receivedAt,
+                flightStart: machine.flightStart,
+                notifying: notifying))
     }
 
     /// Starts `attempt`'s task and its timeout's timer, gives them to the flight, and publishes. The
@@ -660,7 +671,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             effects.launch = attempt
             core.machine.attach(task: nil, timer: nil)
         }
-        publish(core.machine, at: now)
+        publish(core.machine, at: now, in: &effects)
     }
 }
 

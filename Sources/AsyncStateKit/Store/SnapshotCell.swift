@@ -112,13 +112,13 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     /// subscriber that arrives in between starts with the new snapshot and is not in the copy, so it
     /// gets it exactly once.
     ///
-    /// The snapshot is moved in, not copied, and the one it replaces is released after this lock:
-    /// its value's deinit is user code, which may read the state (under the lock, that read would
-    /// wait for it forever).
+    /// The snapshot is moved in, not copied, and the one it replaces is returned, so that it is
+    /// released after this lock and the store's: its value's deinit is user code, which may read
+    /// the state (under this lock, that read would wait for it forever) or call it.
     @inlinable func publish(
         _ snapshot: consuming AsyncSnapshot<Value>, freshSince: Duration?, receivedAt: Duration?,
         flightStart: (reason: AsyncStateEvent.Reason, hadValue: Bool)?, notifying: Bool = true
-    ) {
+    ) -> AsyncSnapshot<Value> {
         let subscribers = contents.withLock { contents -> [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation] in
             swap(&contents.snapshot, &snapshot)
             contents.freshSince = freshSince
@@ -126,12 +126,13 @@ final class SnapshotCell<Value: Sendable>: Sendable {
             contents.flightStart = flightStart
             return notifying ? contents.subscribers : [:]
         }
-        guard !subscribers.isEmpty else { return }
+        guard !subscribers.isEmpty else { return snapshot }
         // Read again rather than copied out under the lock: only the store publishes, one transition
         // at a time, so this is still the snapshot just published.
         let published = contents.read { $0.pointee.snapshot }
         // `yield` never blocks and runs none of our code: a waiting consumer is resumed by enqueueing it.
         for continuation in subscribers.values { continuation.yield(published) }
+        return snapshot
     }
 
     /// A new stream that starts with the current snapshot (expired or not at `now`). It leaves the
