@@ -18,6 +18,12 @@
 //       suspending once (`Task.yield()`), as a real source's does (miss-actor-fresh-yield: the actor cache)
 //   swift run --package-path Benchmarks -c release HitLoop single-yield   # a state that refetches on every call
 //   swift run --package-path Benchmarks -c release HitLoop raw-yield   # `Task.immediate` + yield + `value` alone
+//   swift run --package-path Benchmarks -c release HitLoop raw-task   # `Task.immediate` + `value` alone
+//   swift run --package-path Benchmarks -c release HitLoop single-refetch   # a state that refetches on every call,
+//       its operation answering at once: a flight of the engine alone, with no family entry
+//   swift run --package-path Benchmarks -c release HitLoop miss-floor 10000   # what no family miss can do without,
+//       as miss-fresh makes them: a bare `Task.immediate` awaited, and its answer written into a new key's
+//       compact entry (`set(_:for:)`, as set-fresh)
 //   swift run --package-path Benchmarks -c release HitLoop set 1000   # `set(_:for:)` on keys that have a value
 //   swift run --package-path Benchmarks -c release HitLoop set-fresh 1000   # `set(_:for:)` on new keys, 1,000 at a
 //       time into a new family (as miss-fresh)
@@ -61,7 +67,7 @@ func run() async throws {
     let modes = [
         "family", "family-snapshot", "dictionary", "single", "miss", "miss-actor", "miss-fresh", "miss-actor-fresh",
         "miss-fresh-yield", "miss-actor-fresh-yield", "single-yield", "raw-yield", "set", "set-fresh", "refresh",
-        "miss-fresh-var",
+        "miss-fresh-var", "miss-floor", "raw-task", "single-refetch",
     ]
     guard modes.contains(mode), keys > 0 else {
         print("usage: HitLoop \(modes.joined(separator: "|")) [keys] [misses]")
@@ -164,6 +170,29 @@ func run() async throws {
                 sum &+= key
             }
         }
+    case "miss-floor":
+        (rounds, order) = (misses / 1_000, Array(0..<1_000))
+        start = .now
+        for _ in 0..<rounds {
+            let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: keys)
+            for key in order {
+                let task = Task.immediate { key }
+                family.set(await task.value, for: key)
+                sum &+= key
+            }
+        }
+    case "single-refetch":
+        let state = AsyncState<Int>(wrappedValue: 0, expiry: .zero)
+        (rounds, order) = (1, Array(0..<misses))
+        start = .now
+        for key in order { sum &+= try await state.value { key } }
+    case "raw-task":
+        (rounds, order) = (1, Array(0..<misses))
+        start = .now
+        for key in order {
+            let task = Task.immediate { key }
+            sum &+= await task.value
+        }
     case "single-yield":
         let state = AsyncState<Int>(wrappedValue: 0, expiry: .zero)
         (rounds, order) = (1, Array(0..<misses))
@@ -210,7 +239,7 @@ func run() async throws {
     let elapsed = ContinuousClock.now - start
     // The sum is printed so that the hits cannot be optimized away.
     print(
-        "\(mode), \(keys) keys: \(elapsed / (rounds * order.count)) a \(mode.hasPrefix("miss") ? "miss" : ["set", "set-fresh", "refresh"].contains(mode) ? "call" : "hit") (checksum \(sum))"
+        "\(mode), \(keys) keys: \(elapsed / (rounds * order.count)) a \(mode.hasPrefix("miss") ? "miss" : ["family", "family-snapshot", "dictionary", "single"].contains(mode) ? "hit" : "call") (checksum \(sum))"
     )
 }
 
