@@ -471,7 +471,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
             })
         else { return false }
         if case .live(let store) = node.entry { store.cancel() }
-        report([.init(key: key, value: node.value, reason: .removed)])
+        report(CollectionOfOne(.init(key: key, value: node.value, reason: .removed)))
         return true
     }
 
@@ -501,7 +501,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     /// Reports a replaced value to the removal callback.
     @inlinable func reportReplaced(_ key: Key, _ value: Value?) {
-        report([.init(key: key, value: value, reason: .replaced)])
+        report(CollectionOfOne(.init(key: key, value: value, reason: .replaced)))
     }
 
     @inlinable func report(_ removed: some Sequence<Shard.Removed>) {
