@@ -30,15 +30,8 @@ import Testing
             let answered = LockedValue<Bool?>(nil)
             deinit {
                 guard let state = state.withLock({ $0 }) else { return }
-                let done = DispatchSemaphore(value: 0)
-                let read = LockedValue(false)
-                Thread.detachNewThread {
-                    _ = state.phase
-                    read.withLock { $0 = true }
-                    done.signal()
-                }
-                _ = done.wait(timeout: .now() + 10)
-                answered.withLock { $0 = read.withLock { $0 } }
+                let read = LifetimeTests.answersWithin10Seconds { _ = state.phase }
+                answered.withLock { $0 = read }
             }
         }
         let state = AsyncState<Reader?>(wrappedValue: nil, clock: VirtualClock())
@@ -65,15 +58,8 @@ import Testing
             let answered = LockedValue<Bool?>(nil)
             deinit {
                 guard let family = family.withLock({ $0 }) else { return }
-                let done = DispatchSemaphore(value: 0)
-                let invalidated = LockedValue(false)
-                Thread.detachNewThread {
-                    family.invalidate(1)
-                    invalidated.withLock { $0 = true }
-                    done.signal()
-                }
-                _ = done.wait(timeout: .now() + 10)
-                answered.withLock { $0 = invalidated.withLock { $0 } }
+                let invalidated = LifetimeTests.answersWithin10Seconds { family.invalidate(1) }
+                answered.withLock { $0 = invalidated }
             }
         }
         let clock = VirtualClock()
@@ -96,6 +82,20 @@ import Testing
         await clock.advance(by: .seconds(1))
         try await refresh.value
         #expect(answered.withLock { $0 } == true)
+    }
+
+    /// Runs `body` on a thread of its own and returns whether it returned within 10 s (real time,
+    /// spent only if it is blocked): for a deinit that calls its state while it may hold a lock.
+    static func answersWithin10Seconds(_ body: @escaping @Sendable () -> Void) -> Bool {
+        let done = DispatchSemaphore(value: 0)
+        let answered = LockedValue(false)
+        Thread.detachNewThread {
+            body()
+            answered.withLock { $0 = true }
+            done.signal()
+        }
+        _ = done.wait(timeout: .now() + 10)
+        return answered.withLock { $0 }
     }
 
     @Test func aStateDroppedMidFlightIsFreedWhenItsOperationEnds() async throws {
