@@ -143,7 +143,8 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     ) -> AsyncStateStore {
         let machine = Machine(restoring: data, initialValue: initialValue, configuration: configuration, seed: seed)
         let store = around(machine, clock: clock, observation: observation, reusing: spare)
-        // What it replaces is a new or parked store's initial snapshot, released here, under no lock.
+        // What it replaces is a new or parked store's initial snapshot, which holds no value of the
+        // user's (a family's initial value is `nil`), so it may go here, under the shard's lock.
         var effects = Effects()
         store.publish(machine, at: clock.now(), in: &effects)
         return store
