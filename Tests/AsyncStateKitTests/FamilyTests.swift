@@ -110,6 +110,27 @@ final class RemovalLog: Sendable {
         #expect(family.snapshots.count == 2)
     }
 
+    /// Each key's store draws its flights' jitter seeds from a sequence of its own: no two keys'
+    /// sequences share a draw. (Seeded one step of that sequence apart, as they once were, each key's
+    /// sequence was the one before it, one draw later: one key's second flight backed off exactly as
+    /// the next key's first.)
+    @Test func eachKeysRetriesDrawFromASequenceOfItsOwn() async throws {
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(60), capacity: 100, clock: VirtualClock())
+        let draws = LockedValue<[Int: [UInt64]]>([:])
+        for key in 1...3 {
+            _ = try await family.value(for: key) { key in
+                if case .live(let store) = family.core.peek(key) {
+                    var seeds = store.core.withLock { $0.machine.seeds }
+                    draws.withLock { $0[key] = (0..<4).map { _ in seeds.next() } }
+                }
+                return key
+            }
+        }
+        let sequences = draws.withLock { $0 }
+        #expect(sequences.count == 3)
+        #expect(Set(sequences.values.joined()).count == 12)
+    }
+
     @Test func aNewKeyBeyondTheCapacityEvictsTheLessPopularEntry() async throws {
         let clock = VirtualClock()
         let source = KeyedSource(clock: clock, duration: .zero)

@@ -68,6 +68,36 @@ import Testing
         #expect(family[2] == "three")
     }
 
+    /// A spare made anew for a compact entry's next use holds that entry's data, as a store restored
+    /// from it would, and draws a new jitter seed, as a new store does: a parked store's machine is
+    /// a new machine's but for those two.
+    @Test func aSpareServesACompactEntryWithItsDataAndANewSeed() async throws {
+        let clock = VirtualClock()
+        let family = AsyncStateFamily<Int, String>(expiry: .seconds(60), capacity: 100, clock: clock)
+        #expect(try await family.value(for: 1) { _ in "one" } == "one")
+        // What the parked machine's generator gives next, had it kept its seed: a flight that starts
+        // may draw its own seed from it, so both are read after one draw.
+        let (spare, kept) = try family.core.shards[0].withLock { shard in
+            let spare = try #require(shard.spareStores.first)
+            var kept = spare.core.withLock { $0.machine.seeds }
+            _ = kept.next()
+            return (ObjectIdentifier(spare), kept.next())
+        }
+        let during = LockedValue<(snapshot: AsyncSnapshot<String?>?, next: UInt64?)>((nil, nil))
+        await family.refresh(for: 1) { _ in
+            guard case .live(let store) = family.core.peek(1), ObjectIdentifier(store) == spare else { return "?" }
+            var seeds = store.core.withLock { $0.machine.seeds }
+            let next = seeds.next()
+            during.withLock { $0 = (family.snapshot(for: 1), next) }
+            return "uno"
+        }
+        let (snapshot, next) = during.withLock { $0 }
+        #expect(snapshot?.value == "one" && snapshot?.phase.name == "loading" && snapshot?.successCount == 1)
+        #expect(next != nil && next != kept)
+        #expect(family[1] == "uno" && family.snapshot(for: 1)?.successCount == 2)
+        #expect(Self.spares(family) == 1)
+    }
+
     @Test func aStoreSomethingStillHoldsIsNotKept() async throws {
         let clock = VirtualClock()
         // What the family's own work does (an invalidation by tag, say, takes the live stores under

@@ -308,8 +308,13 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// The total weight of the entries (0 without a maximum weight), at most `Int.max`.
     @inlinable var weight: Int { ledger?.weight ?? 0 }
 
+    /// A store's jitter seed: the next output of a SplitMix64 sequence kept in ``seeds``. Its output,
+    /// not its state: a store's generator steps its state by the same constant, so states taken one
+    /// step apart would give each store the sequence of the one before it, one draw later (the second
+    /// flight of one key would have the backoffs of the first flight of the next).
     @inlinable func nextSeed() -> UInt64 {
-        seeds.wrappingAdd(0x9E37_79B9_7F4A_7C15, ordering: .relaxed).newValue
+        var generator = SplitMix64(seed: seeds.wrappingAdd(0x9E37_79B9_7F4A_7C15, ordering: .relaxed).oldValue)
+        return generator.next()
     }
 
     /// After `key`'s entry was made: counts it, evicts if the family is over its capacity, and starts
