@@ -281,15 +281,10 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         let (store, inserted) = shard(for: key).withLock { shard in
             shard.pin(
                 key, at: now,
-                make: { spare in
-                    Store.around(
-                        Store.Machine(initialValue: nil, configuration: configuration, seed: nextSeed()), clock: clock,
-                        observation: observation(of: key), reusing: spare)
-                },
-                restore: { data, spare in
-                    Store.restoring(
-                        data, initialValue: nil, configuration: configuration, clock: clock, seed: nextSeed(),
-                        observation: observation(of: key), reusing: spare)
+                make: { data, spare in
+                    Store.make(
+                        restoring: data, initialValue: nil, configuration: configuration, clock: clock,
+                        seed: nextSeed(), observation: observation(of: key), reusing: spare)
                 })
         }
         if inserted { entered(key) }

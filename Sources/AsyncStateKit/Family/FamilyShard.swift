@@ -107,7 +107,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// Each entry's callers between `pin` and `unpin`, by slot.
     @usableFromInline var users: [Int32] = []
     /// Stores of entries that became compact, which nobody else references, kept to be made anew
-    /// for the next entries made live (``AsyncStateStore/around(_:clock:observation:reusing:)``):
+    /// for the next entries made live (``AsyncStateStore/make(restoring:initialValue:configuration:clock:seed:observation:reusing:)``):
     /// a miss then allocates no store, no locks and no cell (nor, with an observer, an event
     /// queue), and frees none when it settles. At most ``spareLimit``.
     @usableFromInline var spareStores: [Store] = []
@@ -270,12 +270,12 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
 
     // MARK: Using an entry
 
-    /// `key`'s store, for a caller that will use it until ``unpin(_:)``: made with `make` for a new
-    /// key, restored with `restore` from a compact entry's data, each given a spare store to make
-    /// anew if the shard has one (``spareStores``). The access at `now` makes the entry the most
+    /// `key`'s store, for a caller that will use it until ``unpin(_:)``: made with `make`, given a
+    /// compact entry's data to restore (`nil` for a new key) and a spare store to make anew if the
+    /// shard has one (``spareStores``). The access at `now` makes the entry the most
     /// recently used. Returns whether the key's entry is new.
     @inlinable mutating func pin(
-        _ key: Key, at now: Duration, make: (Store?) -> Store, restore: (Data, Store?) -> Store
+        _ key: Key, at now: Duration, make: (Data?, Store?) -> Store
     ) -> (store: Store, inserted: Bool) {
         let hash = key.hashValue
         if let slot = table.slot(of: key, hash: hash) {
@@ -283,11 +283,11 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
             let i = Int(slot)
             users[i] += 1
             if let store = table.records[table.at(i)].store { return (store, false) }
-            let store = restore(compactData(at: table.at(i)), spareStores.popLast())
+            let store = make(compactData(at: table.at(i)), spareStores.popLast())
             makeLive(i, store)
             return (store, false)
         }
-        let store = make(spareStores.popLast())
+        let store = make(nil, spareStores.popLast())
         let slot = insert(key, hash: hash, at: now)
         makeLive(Int(slot), store)
         users[Int(slot)] = 1

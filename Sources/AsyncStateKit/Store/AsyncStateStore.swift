@@ -135,31 +135,36 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             clock: clock, observation: observation)
     }
 
-    /// A store whose data is `data`, at rest (see ``FetchStateMachine/restingData``): `spare` made
-    /// anew if there is one (see ``around(_:clock:observation:reusing:)``).
-    @inlinable static func restoring(
-        _ data: StateData<Value>, initialValue: Value, configuration: StoreConfiguration<Value>,
+    /// A family's store for an entry made live: `spare` made anew if there is one (see
+    /// ``renew(seed:restoring:observation:)``), else a new store. Its data is `data`, at rest (see
+    /// ``FetchStateMachine/restingData``), if given; else the initial data. A spare must be a store
+    /// that nobody else references, on the same clock and configuration, observed if `observation`
+    /// is not `nil`, and emptied by ``park()`` (a family keeps the stores of its entries that became
+    /// compact: see ``FamilyShard/spareStores``).
+    @inlinable static func make(
+        restoring data: StateData<Value>?, initialValue: Value, configuration: StoreConfiguration<Value>,
         clock: StoreClock, seed: UInt64, observation: Observation?, reusing spare: AsyncStateStore?
     ) -> AsyncStateStore {
-        let machine = Machine(restoring: data, initialValue: initialValue, configuration: configuration, seed: seed)
-        let store = around(machine, clock: clock, observation: observation, reusing: spare)
-        // What it replaces is a new or parked store's initial snapshot, which holds no value of the
-        // user's (a family's initial value is `nil`), so it may go here, under the shard's lock.
-        var effects = Effects()
-        store.publish(machine, at: clock.now(), in: &effects)
+        let store: AsyncStateStore
+        if let spare {
+            spare.renew(seed: seed, restoring: data, observation: observation)
+            store = spare
+        } else {
+            let machine =
+                if let data {
+                    Machine(restoring: data, initialValue: initialValue, configuration: configuration, seed: seed)
+                } else {
+                    Machine(initialValue: initialValue, configuration: configuration, seed: seed)
+                }
+            store = AsyncStateStore(machine, clock: clock, observation: observation)
+        }
+        if data != nil {
+            // What it replaces is a new or parked store's initial snapshot, which holds no value of
+            // the user's (a family's initial value is `nil`), so it may go here, under the shard's lock.
+            var effects = Effects()
+            store.core.withLock { store.publish($0.machine, at: clock.now(), in: &effects) }
+        }
         return store
-    }
-
-    /// A store around `machine`: `spare`, made anew (``renew(_:observation:)``), if there is one;
-    /// else a new store. A spare must be a store that nobody else references, on the same clock and
-    /// configuration, observed if `observation` is not `nil`, and emptied by ``park()`` (a family
-    /// keeps the stores of its entries that became compact: see ``FamilyShard/spareStores``).
-    @inlinable static func around(
-        _ machine: consuming Machine, clock: StoreClock, observation: Observation?, reusing spare: AsyncStateStore?
-    ) -> AsyncStateStore {
-        guard let spare else { return AsyncStateStore(consume machine, clock: clock, observation: observation) }
-        spare.renew(consume machine, observation: observation)
-        return spare
     }
 
     /// What a store held when its family kept it as a spare (``park()``): the last key's data and
@@ -190,20 +195,26 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         return Leftovers(data: data, contents: cell.renew(value: initialValue))
     }
 
-    /// Makes this store, emptied by ``park()``, what ``init(_:clock:observation:)`` makes around
-    /// `machine`: its core new, its events reported as `observation` (the new key's). What the store
-    /// keeps — its clock, its cell's expiry and hit window, whether it is observed — is the same
-    /// for every store of a family. Only for a store that nobody else references: no task, timer,
-    /// waiter or reader can reach it, so nothing sees the change. Waiter ids go on counting, so that
-    /// an observer never sees two callers of this object with the same ``AsyncStateEvent/Waiter``.
-    @inlinable func renew(_ machine: consuming Machine, observation: Observation?) {
+    /// Makes this store, emptied by ``park()``, what ``init(_:clock:observation:)`` makes around a
+    /// new machine on the same configuration, seeded with `seed`, whose data is `data` if given: its
+    /// events reported as `observation` (the new key's). Parked, its machine already is such a machine
+    /// but for the seed — initial data, no flight, no abandoned operation — and its table of waiters
+    /// is empty, so only the seed and the data change. What the store keeps — its clock, its cell's
+    /// expiry and hit window, whether it is observed — is the same for every store of a family. Only
+    /// for a store that nobody else references: no task, timer, waiter or reader can reach it, so
+    /// nothing sees the change. Waiter ids go on counting, so that an observer never sees two callers
+    /// of this object with the same ``AsyncStateEvent/Waiter``.
+    @inlinable func renew(seed: UInt64, restoring data: StateData<Value>?, observation: Observation?) {
         precondition((events == nil) == (observation == nil), "a spare store is observed as its family is")
         if let events, let observation { events.renew(observation) }
-        // Moved in and swapped, not copied: the old core is freed with `new`, after the lock.
-        var new = Core(machine: consume machine)
         core.withLock { core in
-            new.lastWaiter = core.lastWaiter
-            swap(&core, &new)
+            assert(
+                core.waiterSlots.isEmpty && !core.machine.isFlying && core.machine.abandoned.isEmpty
+                    && !core.machine.data.differsFromInitial,
+                "a spare store that was not parked")
+            core.machine.seeds = SplitMix64(seed: seed)
+            // It replaces the initial data, which holds no value of the user's.
+            if let data { core.machine.data = data }
         }
     }
 
