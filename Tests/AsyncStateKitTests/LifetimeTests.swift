@@ -84,6 +84,41 @@ import Testing
         #expect(answered.withLock { $0 } == true)
     }
 
+    /// The twin for an error: an entry keeps its last failure's error as its `lastError` once its
+    /// phase has moved on, and a compact entry's is its last reference. When the entry is evicted
+    /// (or removed as idle), the error is released with the removal, after the shard's lock: its
+    /// deinit may call the family, which takes that lock. Before, it was released under the lock,
+    /// and such a call waited for it forever.
+    @Test func anEvictedEntrysLastErrorIsReleasedOutsideItsShardsLock() async throws {
+        /// Invalidates key 1 of its family when it is freed, on another thread, waiting at most 10 s.
+        final class Failure: Error, Sendable {
+            let family = LockedValue<AsyncStateFamily<Int, Int>?>(nil)
+            let answered = LockedValue<Bool?>(nil)
+            deinit {
+                guard let family = family.withLock({ $0 }) else { return }
+                let invalidated = LifetimeTests.answersWithin10Seconds { family.invalidate(1) }
+                answered.withLock { $0 = invalidated }
+            }
+        }
+        let clock = VirtualClock()
+        // One entry at most, in one shard: a second key evicts the first.
+        let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: 1, clock: clock)
+        let answered: LockedValue<Bool?>
+        do {
+            let failure = Failure()
+            failure.family.withLock { $0 = family }
+            answered = failure.answered
+            await #expect(throws: Failure.self) { try await family.value(for: 1) { _ in throw failure } }
+        }
+        // A success moves the phase on; the entry rests, its metadata holding the error alone.
+        await family.refresh(for: 1) { _ in 1 }
+        #expect(family.snapshot(for: 1)?.lastError is Failure)
+        #expect(answered.withLock { $0 } == nil)
+        #expect(try await family.value(for: 2) { _ in 2 } == 2)
+        #expect(family.snapshot(for: 1) == nil)
+        #expect(answered.withLock { $0 } == true)
+    }
+
     /// Runs `body` on a thread of its own and returns whether it returned within 10 s (real time,
     /// spent only if it is blocked): for a deinit that calls its state while it may hold a lock.
     static func answersWithin10Seconds(_ body: @escaping @Sendable () -> Void) -> Bool {

@@ -79,11 +79,26 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         @usableFromInline var key: Key
         @usableFromInline var value: Value?
         @usableFromInline var reason: AsyncStateFamilyRemovalReason
+        /// What else the entry held that may be the last reference to an object of the user's,
+        /// released with this after the lock (their deinits are user code, which may call the
+        /// family): a compact entry's last error (kept once its phase has moved on), or a live
+        /// entry's store, whose data and snapshot hold its value and errors.
+        @usableFromInline var remains: (lastError: (any Error)?, store: Store?)
 
         @inlinable
-        init(key: Key, value: Value?, reason: AsyncStateFamilyRemovalReason) {
-            (self.key, self.value, self.reason) = (key, value, reason)
+        init(
+            key: Key, value: Value?, reason: AsyncStateFamilyRemovalReason,
+            remains: (lastError: (any Error)?, store: Store?) = (nil, nil)
+        ) {
+            (self.key, self.value, self.reason, self.remains) = (key, value, reason, remains)
         }
+    }
+
+    /// The entry at `slot` as it leaves for `reason`, with everything it holds (see ``Removed``).
+    @inlinable func removed(at slot: Int, reason: AsyncStateFamilyRemovalReason) -> Removed {
+        Removed(
+            key: table.key(at: slot), value: value(at: slot), reason: reason,
+            remains: (metadata[slot]?.lastError, table.records[table.at(slot)].store))
     }
 
     /// The entries an eviction or a sweep removed, to be reported and released after the lock: the
@@ -461,7 +476,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
                 hash: { table.hash(at: Int($0)) })
         }
         guard let (slot, refused) = chosen else { return false }
-        removed.append(Removed(key: table.key(at: Int(slot)), value: value(at: Int(slot)), reason: .evicted))
+        removed.append(self.removed(at: Int(slot), reason: .evicted))
         policy.evicted(table.hash(at: Int(slot)), refused: refused, entries: table.count)
         remove(slot)
         return true
@@ -473,7 +488,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     {
         guard let slot = table.slot(of: key), !isBusy(Int(slot)) else { return false }
         if let maximum, weigher == nil || weights[Int(slot)] <= maximum { return false }  // nothing weighed: no weight
-        removed.append(Removed(key: key, value: value(at: Int(slot)), reason: .evicted))
+        removed.append(self.removed(at: Int(slot), reason: .evicted))
         remove(slot)
         return true
     }
@@ -502,7 +517,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
                 lastAccess[i] = now
                 idle.raiseRoot(to: now)
             } else {
-                removed.append(Removed(key: table.key(at: i), value: value(at: i), reason: .idle))
+                removed.append(self.removed(at: i, reason: .idle))
                 remove(root.slot)
                 count += 1
             }
