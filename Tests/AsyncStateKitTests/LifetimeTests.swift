@@ -51,23 +51,12 @@ import Testing
     /// `remove`), which takes that lock. Before, the snapshot was released after the cell's lock but
     /// under the store's, and such a call waited for the store's lock forever.
     @Test func aReplacedFamilyValueIsReleasedOutsideItsStoresLock() async throws {
-        /// Invalidates key 1 of its family when it is freed, on another thread, waiting at most 10 s
-        /// (real time, spent only if the call is blocked).
-        final class Invalidator: Sendable {
-            let family = LockedValue<AsyncStateFamily<Int, Invalidator>?>(nil)
-            let answered = LockedValue<Bool?>(nil)
-            deinit {
-                guard let family = family.withLock({ $0 }) else { return }
-                let invalidated = LifetimeTests.answersWithin10Seconds { family.invalidate(1) }
-                answered.withLock { $0 = invalidated }
-            }
-        }
         let clock = VirtualClock()
-        let family = AsyncStateFamily<Int, Invalidator>(expiry: .seconds(3_600), clock: clock)
+        let family = AsyncStateFamily<Int, CallsWhenFreed>(expiry: .seconds(3_600), clock: clock)
         let answered: LockedValue<Bool?>
         do {
-            let first = Invalidator()
-            first.family.withLock { $0 = family }
+            let first = CallsWhenFreed()
+            first.call.withLock { $0 = { family.invalidate(1) } }
             answered = first.answered
             family.set(first, for: 1)
         }
@@ -76,7 +65,7 @@ import Testing
         let refresh = clock.task {
             await family.refresh(for: 1) { _ in
                 try await clock.sleep(for: .seconds(1))
-                return Invalidator()
+                return CallsWhenFreed()
             }
         }
         await clock.advance(by: .seconds(1))
@@ -90,33 +79,36 @@ import Testing
     /// deinit may call the family, which takes that lock. Before, it was released under the lock,
     /// and such a call waited for it forever.
     @Test func anEvictedEntrysLastErrorIsReleasedOutsideItsShardsLock() async throws {
-        /// Invalidates key 1 of its family when it is freed, on another thread, waiting at most 10 s.
-        final class Failure: Error, Sendable {
-            let family = LockedValue<AsyncStateFamily<Int, Int>?>(nil)
-            let answered = LockedValue<Bool?>(nil)
-            deinit {
-                guard let family = family.withLock({ $0 }) else { return }
-                let invalidated = LifetimeTests.answersWithin10Seconds { family.invalidate(1) }
-                answered.withLock { $0 = invalidated }
-            }
-        }
         let clock = VirtualClock()
         // One entry at most, in one shard: a second key evicts the first.
         let family = AsyncStateFamily<Int, Int>(expiry: .seconds(3_600), capacity: 1, clock: clock)
         let answered: LockedValue<Bool?>
         do {
-            let failure = Failure()
-            failure.family.withLock { $0 = family }
+            let failure = CallsWhenFreed()
+            failure.call.withLock { $0 = { family.invalidate(1) } }
             answered = failure.answered
-            await #expect(throws: Failure.self) { try await family.value(for: 1) { _ in throw failure } }
+            await #expect(throws: CallsWhenFreed.self) { try await family.value(for: 1) { _ in throw failure } }
         }
         // A success moves the phase on; the entry rests, its metadata holding the error alone.
         await family.refresh(for: 1) { _ in 1 }
-        #expect(family.snapshot(for: 1)?.lastError is Failure)
+        #expect(family.snapshot(for: 1)?.lastError is CallsWhenFreed)
         #expect(answered.withLock { $0 } == nil)
         #expect(try await family.value(for: 2) { _ in 2 } == 2)
         #expect(family.snapshot(for: 1) == nil)
         #expect(answered.withLock { $0 } == true)
+    }
+
+    /// A value or an error that makes its call when it is freed (its deinit is user code, which may
+    /// call the state that held it), on another thread, and records whether the call answered within
+    /// 10 s (real time, spent only if it is blocked).
+    final class CallsWhenFreed: Error, Sendable {
+        let call = LockedValue<(@Sendable () -> Void)?>(nil)
+        let answered = LockedValue<Bool?>(nil)
+        deinit {
+            guard let call = call.withLock({ $0 }) else { return }
+            let answeredInTime = LifetimeTests.answersWithin10Seconds(call)
+            answered.withLock { $0 = answeredInTime }
+        }
     }
 
     /// Runs `body` on a thread of its own and returns whether it returned within 10 s (real time,
