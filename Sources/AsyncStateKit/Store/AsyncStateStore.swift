@@ -208,7 +208,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         precondition((events == nil) == (observation == nil), "a spare store is observed as its family is")
         if let events, let observation { events.renew(observation) }
         core.withLock { core in
-            assert(
+            precondition(
                 core.waiterSlots.isEmpty && !core.machine.isFlying && core.machine.abandoned.isEmpty
                     && !core.machine.data.differsFromInitial,
                 "a spare store that was not parked")
