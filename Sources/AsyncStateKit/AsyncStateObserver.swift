@@ -345,7 +345,7 @@ final class EventQueue: Sendable {
     private let state = LockedValue<(events: [AsyncStateEvent], draining: Bool)>(([], false))
     private let fetch = LockedValue<AsyncStateFetch?>(nil)
     /// What the state reports as. Changed only by ``renew(_:)``, for a family's spare store, which
-    /// nothing else references then (see ``AsyncStateStore/renew(seed:restoring:observation:)``): no other thread
+    /// nothing else references then (see ``AsyncStateStore/renew(seed:observation:)``): no other thread
     /// can read it meanwhile, and every later reader reaches the store through its shard's lock,
     /// which the renewal happens under, so each read is ordered after the write.
     @usableFromInline nonisolated(unsafe) private(set) var observation: Observation

@@ -136,33 +136,34 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// A family's store for an entry made live: `spare` made anew if there is one (see
-    /// ``renew(seed:restoring:observation:)``), else a new store. Its data is `data`, at rest (see
-    /// ``FetchStateMachine/restingData``), if given; else the initial data. A spare must be a store
-    /// that nobody else references, on the same clock and configuration, observed if `observation`
-    /// is not `nil`, and emptied by ``park()`` (a family keeps the stores of its entries that became
-    /// compact: see ``FamilyShard/spareStores``).
+    /// ``renew(seed:observation:)``), else a new store. Its data is `data`, at rest (see
+    /// ``FetchStateMachine/restingData``: a compact entry's), if given; else the initial data. A spare
+    /// must be a store that nobody else references, on the same clock and configuration, observed if
+    /// `observation` is not `nil`, and emptied by ``park()`` (a family keeps the stores of its
+    /// entries that became compact: see ``FamilyShard/spareStores``).
     @inlinable static func make(
         restoring data: StateData<Value>?, initialValue: Value, configuration: StoreConfiguration<Value>,
         clock: StoreClock, seed: UInt64, observation: Observation?, reusing spare: AsyncStateStore?
     ) -> AsyncStateStore {
         let store: AsyncStateStore
         if let spare {
-            spare.renew(seed: seed, restoring: data, observation: observation)
+            spare.renew(seed: seed, observation: observation)
             store = spare
         } else {
-            let machine =
-                if let data {
-                    Machine(restoring: data, initialValue: initialValue, configuration: configuration, seed: seed)
-                } else {
-                    Machine(initialValue: initialValue, configuration: configuration, seed: seed)
-                }
-            store = AsyncStateStore(machine, clock: clock, observation: observation)
+            store = AsyncStateStore(
+                Machine(initialValue: initialValue, configuration: configuration, seed: seed), clock: clock,
+                observation: observation)
         }
-        if data != nil {
-            // What it replaces is a new or parked store's initial snapshot, which holds no value of
-            // the user's (a family's initial value is `nil`), so it may go here, under the shard's lock.
-            var effects = Effects()
-            store.core.withLock { store.publish($0.machine, at: clock.now(), in: &effects) }
+        guard let data else { return store }
+        // A machine at rest is its data and nothing else (no flight, no abandoned operation): given
+        // a compact entry's data, it is the machine that entry's store had when it rested. What the
+        // data and the snapshot replace are a new or parked store's initial ones, which hold no value
+        // of the user's (a family's initial value is `nil`), so they may go here, under the shard's
+        // lock.
+        var effects = Effects()
+        store.core.withLock { core in
+            core.machine.data = data
+            store.publish(core.machine, at: clock.now(), in: &effects)
         }
         return store
     }
@@ -196,15 +197,15 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// Makes this store, emptied by ``park()``, what ``init(_:clock:observation:)`` makes around a
-    /// new machine on the same configuration, seeded with `seed`, whose data is `data` if given: its
-    /// events reported as `observation` (the new key's). Parked, its machine already is such a machine
-    /// but for the seed — initial data, no flight, no abandoned operation — and its table of waiters
-    /// is empty, so only the seed and the data change. What the store keeps — its clock, its cell's
-    /// expiry and hit window, whether it is observed — is the same for every store of a family. Only
-    /// for a store that nobody else references: no task, timer, waiter or reader can reach it, so
-    /// nothing sees the change. Waiter ids go on counting, so that an observer never sees two callers
-    /// of this object with the same ``AsyncStateEvent/Waiter``.
-    @inlinable func renew(seed: UInt64, restoring data: StateData<Value>?, observation: Observation?) {
+    /// new machine on the same configuration, seeded with `seed`: its events reported as
+    /// `observation` (the new key's). Parked, its machine already is such a machine but for the seed
+    /// — initial data, no flight, no abandoned operation — and its table of waiters is empty, so only
+    /// the seed changes. What the store keeps — its clock, its cell's expiry and hit window, whether
+    /// it is observed — is the same for every store of a family. Only for a store that nobody else
+    /// references: no task, timer, waiter or reader can reach it, so nothing sees the change. Waiter
+    /// ids go on counting, so that an observer never sees two callers of this object with the same
+    /// ``AsyncStateEvent/Waiter``.
+    @inlinable func renew(seed: UInt64, observation: Observation?) {
         precondition((events == nil) == (observation == nil), "a spare store is observed as its family is")
         if let events, let observation { events.renew(observation) }
         core.withLock { core in
@@ -213,8 +214,6 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
                     && !core.machine.data.differsFromInitial,
                 "a spare store that was not parked")
             core.machine.seeds = SplitMix64(seed: seed)
-            // It replaces the initial data, which holds no value of the user's.
-            if let data { core.machine.data = data }
         }
     }
 

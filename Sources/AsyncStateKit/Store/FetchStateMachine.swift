@@ -61,16 +61,6 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         self.seeds = SplitMix64(seed: seed)
     }
 
-    /// A machine whose data is `data` at rest (see ``StateData/isAtRest``), with no flight: the state a
-    /// machine had when it last rested.
-    @inlinable init(
-        restoring data: StateData<Value>, initialValue: Value, configuration: StoreConfiguration<Value>,
-        seed: UInt64 = 0
-    ) {
-        self.init(initialValue: initialValue, configuration: configuration, seed: seed)
-        self.data = data
-    }
-
     /// The latest value: kept during loading and after a failure.
     @inlinable var value: Value { data.value }
     /// The current phase: `loading` exactly while a flight runs, else the phase the data settled in.
