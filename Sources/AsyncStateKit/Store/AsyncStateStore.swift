@@ -617,7 +617,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     }
 
     /// Takes waiters `ids` out of the table, to be resumed with `result` once the lock is released:
-    /// one shared ``WaiterResult``, in arrival order (ids grow; see ``Effects/perform()``). Callers
+    /// one shared ``WaiterOutcome``, in arrival order (ids grow; see ``Effects/perform()``). Callers
     /// that are children of one task group then finish in the order they were added, which the
     /// runtime's group handles in O(1) each (in hash order, its child list makes them quadratic).
     @inlinable func resume(
@@ -626,7 +626,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
     ) {
         guard !ids.isEmpty else { return }
         recordWaitsEnded(ids, error: result.error, in: core, &effects)
-        let outcome = WaiterResult(result)
+        let outcome = WaiterOutcome.settled(result)
         effects.resumed = (WaiterSlot.take(ids, settlingWith: outcome, in: &core.waiterSlots), outcome)
     }
 
