@@ -50,6 +50,11 @@ let package = Package(
             path: "Tools/HitScaling"
         ),
         .executableTarget(
+            name: "ColdPaths",
+            dependencies: [.product(name: "AsyncStateKit", package: library)],
+            path: "Tools/ColdPaths"
+        ),
+        .executableTarget(
             name: "IndexLayout",
             path: "Tools/IndexLayout"
         ),
