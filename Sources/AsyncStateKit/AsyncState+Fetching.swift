@@ -14,7 +14,7 @@ extension AsyncState {
     @inlinable
     public nonisolated(nonsending) func fetch(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async {
         if store.hit(\.value) != nil { return }
-        _ = try? await fetchFromStore(.fetch, operation, retry: retry)
+        _ = try? await fetchFromStore(.fetch, .plain(operation), retry: retry)
     }
 
     /// Fetches even if the data is fresh, replacing a fetch in flight (whose result is discarded), and
@@ -25,7 +25,7 @@ extension AsyncState {
     ///   - operation: Fetches the value.
     @inlinable
     public nonisolated(nonsending) func refresh(retry: RetryPolicy? = nil, _ operation: @escaping Operation) async {
-        _ = try? await store.fetch(.refresh, policy: retry, storeOperation(.refresh, operation))
+        _ = try? await store.fetch(.refresh, policy: retry, storeOperation(.plain(operation)))
     }
 
     /// Returns the value: at once when fresh, else from the fetch in flight or a new one.
@@ -53,7 +53,7 @@ extension AsyncState {
     {
         // The hit path is inlined into the caller (and specialized there): a lock and a clock read.
         if let fresh = store.hit(\.value) { return fresh }
-        return try await fetchFromStore(.value, operation, retry: retry)
+        return try await fetchFromStore(.value, .plain(operation), retry: retry)
     }
 
     /// Answers like ``value(retry:_:)`` — at once when fresh (or stale under `staleWhileRevalidate`),
@@ -88,7 +88,7 @@ extension AsyncState {
         async throws -> AsyncSnapshot<Value>
     {
         if let fresh = store.hit(\.freshSnapshot) { return fresh }
-        return try await snapshotFromStore(operation, retry: retry)
+        return try await snapshotFromStore(.plain(operation), retry: retry)
     }
 
     /// Answers like ``snapshot(retry:_:)``, passing `context` to an operation that captures nothing,
@@ -111,13 +111,13 @@ extension AsyncState {
         _ operation: @escaping @Sendable (Context) async throws -> Value
     ) async throws -> AsyncSnapshot<Value> {
         if let fresh = store.hit(\.freshSnapshot) { return fresh }
-        return try await snapshotFromStore({ try await operation(context) }, retry: retry)
+        return try await snapshotFromStore(.plain { try await operation(context) }, retry: retry)
     }
 
     /// The miss path of ``snapshot(retry:_:)``: the latest snapshot once the store has answered.
     /// Specialized in the caller's module, never inlined into it (as ``fetchFromStore(_:_:retry:)``).
     @inlinable @inline(never)
-    nonisolated(nonsending) func snapshotFromStore(_ operation: @escaping Operation, retry: RetryPolicy?)
+    nonisolated(nonsending) func snapshotFromStore(_ operation: AsyncStateStore<Value>.Operation, retry: RetryPolicy?)
         async throws -> AsyncSnapshot<Value>
     {
         do {
@@ -151,7 +151,7 @@ extension AsyncState {
         _ operation: @escaping @Sendable (Context) async throws -> Value
     ) async throws -> Value {
         if let fresh = store.hit(\.value) { return fresh }
-        return try await fetchFromStore(.value, { try await operation(context) }, retry: retry)
+        return try await fetchFromStore(.value, .plain { try await operation(context) }, retry: retry)
     }
 
     /// Fetches unless the data is fresh, like ``fetch(retry:_:)``, passing `context` to an operation
@@ -168,7 +168,7 @@ extension AsyncState {
         _ operation: @escaping @Sendable (Context) async throws -> Value
     ) async {
         if store.hit(\.value) != nil { return }
-        _ = try? await fetchFromStore(.fetch, { try await operation(context) }, retry: retry)
+        _ = try? await fetchFromStore(.fetch, .plain { try await operation(context) }, retry: retry)
     }
 
     /// The miss path of ``value(retry:_:)`` and ``fetch(retry:_:)``: asks the store for `request`.
@@ -176,18 +176,19 @@ extension AsyncState {
     /// generic metadata), but never inlined: the hit path it follows stays small.
     @inlinable @inline(never)
     nonisolated(nonsending) func fetchFromStore(
-        _ request: FetchRequest, _ operation: @escaping Operation, retry: RetryPolicy?
+        _ request: FetchRequest, _ operation: AsyncStateStore<Value>.Operation, retry: RetryPolicy?
     ) async throws -> Value {
-        try await store.fetch(request, policy: retry, storeOperation(request, operation))
+        try await store.fetch(request, policy: retry, storeOperation(operation))
     }
 
     /// The operation the store runs: `operation`, through the second level if the state has one.
     /// Never inlined into the async miss path, whose frame its branches would grow (see
     /// ``AsyncStateFamily``'s).
     @inlinable @inline(never)
-    func storeOperation(_ request: FetchRequest, _ operation: @escaping Operation) -> Operation {
+    func storeOperation(_ operation: AsyncStateStore<Value>.Operation) -> AsyncStateStore<Value>.Operation {
         guard let secondLevel else { return operation }
-        return secondLevel.operation(in: store, request: request, operation)
+        return secondLevel.operation(
+            named: secondLevel.stateKey, reportingTo: store, operation, unwrap: { $0 }, stored: { $0 })
     }
 
     /// Re-runs the fetch when the phase is ``AsyncPhase/failure(_:)`` or ``AsyncPhase/empty`` — with
@@ -202,7 +203,7 @@ extension AsyncState {
     /// - Parameter operation: Fetches the value. The state keeps it only while the fetch is in flight.
     @inlinable
     public nonisolated(nonsending) func retry(_ operation: @escaping Operation) async {
-        try? await store.retry(storeOperation(.value, operation))
+        try? await store.retry(storeOperation(.plain(operation)))
     }
 
     /// Skips the backoff of a fetch that waits to retry automatically: its next attempt starts now, and
@@ -247,11 +248,19 @@ extension AsyncState {
     public nonisolated(nonsending) func run(
         every interval: Duration, retry: RetryPolicy? = nil, _ operation: @escaping Operation
     ) async throws {
+        try await run(every: interval, retry: retry, operation: .plain(operation))
+    }
+
+    /// ``run(every:retry:_:)`` with the store's operation (a plain or a conditional one).
+    nonisolated(nonsending) func run(
+        every interval: Duration, retry: RetryPolicy?, operation: AsyncStateStore<Value>.Operation
+    ) async throws {
         guard interval > .zero else { throw AsyncStateError.invalidInterval(interval) }
         let interval = interval.clampedToLimits
+        let operation = storeOperation(operation)
         var first = true
         while !Task.isCancelled {
-            _ = try? await store.fetch(.periodic(first: first), policy: retry, storeOperation(.value, operation))
+            _ = try? await store.fetch(.periodic(first: first), policy: retry, operation)
             first = false
             do {
                 try await store.clock.sleep(store.clock.now().saturatingAdd(interval))

@@ -19,20 +19,14 @@ public enum AsyncStateRevalidation<Value: Sendable>: Sendable {
     /// The value the operation was given is still current.
     case notModified
 
-    /// The new value; throws what the store reads as "not modified".
-    @inlinable func value() throws -> Value {
+    /// What the attempt answered, for the machine (``AttemptResult``): "not modified" is a typed
+    /// answer, never an error.
+    @inlinable var result: AttemptResult<Value> {
         switch self {
-        case .modified(let value): return value
-        case .notModified: throw NotModified()
+        case .modified(let value): return .value(value)
+        case .notModified: return .notModified
         }
     }
-}
-
-/// What a conditional operation's wrapper throws for ``AsyncStateRevalidation/notModified``: the
-/// store's task turns it into the machine's outcome (it never reaches a caller).
-@usableFromInline
-struct NotModified: Error {
-    @inlinable init() {}
 }
 
 extension AsyncState {
@@ -63,7 +57,7 @@ extension AsyncState {
     public nonisolated(nonsending) func refresh(
         retry: RetryPolicy? = nil, revalidating operation: @escaping ConditionalOperation
     ) async {
-        await refresh(retry: retry, conditional(operation))
+        _ = try? await store.fetch(.refresh, policy: retry, storeOperation(conditional(operation)))
     }
 
     /// Refreshes every `interval` like ``run(every:retry:_:)``, with a conditional operation (see
@@ -71,12 +65,13 @@ extension AsyncState {
     public nonisolated(nonsending) func run(
         every interval: Duration, retry: RetryPolicy? = nil, revalidating operation: @escaping ConditionalOperation
     ) async throws {
-        try await run(every: interval, retry: retry, conditional(operation))
+        try await run(every: interval, retry: retry, operation: conditional(operation))
     }
 
-    /// The operation a conditional one runs as: it reads the value it would replace when it runs.
-    @inlinable func conditional(_ operation: @escaping ConditionalOperation) -> Operation {
-        { [store] in try await operation(store.cell.previousValue).value() }
+    /// The operation a conditional one runs as: given the value its attempt replaces (the machine's
+    /// ``AttemptInput/previous``), it answers a value or "not modified".
+    @inlinable func conditional(_ operation: @escaping ConditionalOperation) -> AsyncStateStore<Value>.Operation {
+        .reading { input in try await operation(input.previous).result }
     }
 }
 
@@ -101,11 +96,14 @@ extension AsyncStateFamily {
     public nonisolated(nonsending) func refresh(
         for key: Key, retry: RetryPolicy? = nil, revalidating operation: @escaping ConditionalOperation
     ) async {
-        await refresh(for: key, retry: retry, conditional(operation))
+        await core.using(key) { store in
+            _ = try? await fetch(key, from: store, .refresh, retry: retry, .conditional(operation))
+        }
     }
 
-    /// The operation a conditional one runs as: it reads the key's value when it runs.
-    @inlinable func conditional(_ operation: @escaping ConditionalOperation) -> Operation {
-        { [core] key in try await operation(key, core.latestValue(of: key)).value() }
+    /// The operation a conditional one runs as: it reads the value its attempt replaces (the
+    /// machine's ``AttemptInput/previous``).
+    @inlinable func conditional(_ operation: @escaping ConditionalOperation) -> KeyedOperation {
+        .conditional(operation)
     }
 }

@@ -104,10 +104,10 @@ import Testing
                 case .drop: return "drop"
                 case .retry: return "retry"
                 case .start(let attempt, _): return "start(\(attempt.operation))"
-                case .settle(let waiters, .success(let value), _, _, _): return "settle(\(waiters.count), \(value))"
-                case .settle(let waiters, .failure(let error), _, _, .failSafe(let value)):
+                case .settle(let waiters, .failedSafe(let error), .success(let value), _, _):
                     return "settle(\(waiters.count), \(Self.name(of: error)))+failSafe(\(value))"
-                case .settle(let waiters, .failure(let error), _, _, _):
+                case .settle(let waiters, _, .success(let value), _, _): return "settle(\(waiters.count), \(value))"
+                case .settle(let waiters, _, .failure(let error), _, _):
                     return "settle(\(waiters.count), \(Self.name(of: error)))"
                 }
             }
@@ -122,11 +122,11 @@ import Testing
             }
             func describe(_ action: Machine.FetchAction) -> String {
                 switch action {
-                case .returnValue(let value, _): return "value(\(value))"
-                case .returnValueAndStart(let value, let attempt, _):
-                    return "stale(\(value))+start(\(attempt.operation))"
+                case .answer(let value, .failSafe(let error), _):
+                    return "failSafe(\(value), \(Self.name(of: error)))"
+                case .answer(let value, _, nil): return "value(\(value))"
+                case .answer(let value, _, let attempt?): return "stale(\(value))+start(\(attempt.operation))"
                 case .fail(let error): return "fail(\(Self.name(of: error)))"
-                case .failSafe(let value, let error): return "failSafe(\(value), \(Self.name(of: error)))"
                 case .join: return "join"
                 case .start(let attempt, nil): return "start(\(attempt.operation))"
                 case .start(let attempt, _?): return "start(\(attempt.operation))+replace"
@@ -478,7 +478,7 @@ import Testing
         #expect(machine.phase.isLoading)
         guard case .none = machine.waiterCancelled(1) else { throw Failure("a waiter cannot leave twice") }
         guard
-            case .settle(let waiters, .success([3]), _, _, _) = machine.attemptFinished(
+            case .settle(let waiters, _, .success([3]), _, _) = machine.attemptFinished(
                 attempt.flight, attempt: attempt.id, outcome: .success([3]), now: .zero, date: Self.date(.zero))
         else { throw Failure("expected the flight to settle for the remaining waiter") }
         #expect(waiters == [2])
@@ -494,7 +494,7 @@ import Testing
                 first.flight, attempt: first.id, outcome: .success([1]), now: .zero, date: Self.date(.zero))
         else { throw Failure("the replaced flight's result must be dropped") }
         guard
-            case .settle(let waiters, .success([2]), _, _, _) = machine.attemptFinished(
+            case .settle(let waiters, _, .success([2]), _, _) = machine.attemptFinished(
                 second.flight, attempt: second.id, outcome: .success([2]), now: .zero, date: Self.date(.zero))
         else { throw Failure("expected the new flight to settle") }
         #expect(waiters == [1, 2])
@@ -562,7 +562,7 @@ import Testing
                     waiter: UInt64(n), mode: .ifExpired, now: .zero, operation: "a")
             else { throw Failure("expected a start") }
             guard
-                case .settle(_, .failure(AsyncStateError.timedOut), _, _, _) = machine.attemptTimedOut(
+                case .settle(_, _, .failure(AsyncStateError.timedOut), _, _) = machine.attemptTimedOut(
                     attempt.flight, attempt: attempt.id, now: Self.timeout)
             else { throw Failure("expected the flight to time out") }
             abandoned.append(attempt)
@@ -598,7 +598,7 @@ import Testing
         else { throw Failure("expected a start") }
         // Its own timeout makes the limit: the retry it would have earned does not start.
         guard
-            case .settle(_, .failure(AsyncStateError.timedOut), _, _, _) = machine.attemptTimedOut(
+            case .settle(_, _, .failure(AsyncStateError.timedOut), _, _) = machine.attemptTimedOut(
                 attempt.flight, attempt: attempt.id, now: Self.timeout)
         else { throw Failure("expected the flight to settle instead of retrying") }
     }

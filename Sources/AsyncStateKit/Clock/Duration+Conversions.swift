@@ -14,4 +14,13 @@ extension Duration {
         let (total, overflow2) = scaled.addingReportingOverflow(attoseconds / 1_000_000_000)
         return overflow2 ? .max : total
     }
+
+    /// `interval` seconds, within `±AsyncStateLimits.maximumDuration` (a wall-clock difference read
+    /// from a second level may be anything); zero for NaN.
+    @usableFromInline
+    static func clamped(seconds interval: Double) -> Duration {
+        let bound = AsyncStateLimits.maximumDuration.timeInterval
+        guard !interval.isNaN else { return .zero }
+        return .nanoseconds(Int64(max(-bound, min(bound, interval)) * 1e9))
+    }
 }

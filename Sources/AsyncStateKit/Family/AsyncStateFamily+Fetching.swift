@@ -18,7 +18,7 @@ extension AsyncStateFamily {
         // The hit path is inlined into the caller (and specialized there): a clock read, the shard's
         // lock and, under it, the entry's.
         if let fresh = core.freshValue(of: key, at: core.clock.now()) { return fresh }
-        return try await fetchFromStore(key, .value, retry: retry, operation)
+        return try await fetchFromStore(key, .value, retry: retry, .plain(operation))
     }
 
     /// Returns `key`'s value like ``value(for:retry:_:)``, passing `context` to an operation that
@@ -45,7 +45,7 @@ extension AsyncStateFamily {
         _ operation: @escaping @Sendable (Key, Context) async throws -> Value
     ) async throws -> Value {
         if let fresh = core.freshValue(of: key, at: core.clock.now()) { return fresh }
-        return try await fetchFromStore(key, .value, retry: retry) { try await operation($0, context) }
+        return try await fetchFromStore(key, .value, retry: retry, .plain { try await operation($0, context) })
     }
 
     /// Answers like ``value(for:retry:_:)`` but returns `key`'s value with its metadata in one
@@ -64,7 +64,7 @@ extension AsyncStateFamily {
         for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
     ) async throws -> AsyncSnapshot<Value?> {
         if let fresh = core.freshSnapshot(of: key, at: core.clock.now()) { return fresh }
-        return try await snapshotFromStore(for: key, retry: retry, operation)
+        return try await snapshotFromStore(for: key, retry: retry, .plain(operation))
     }
 
     /// Answers like ``snapshot(for:retry:_:)``, passing `context` to an operation that captures
@@ -93,14 +93,14 @@ extension AsyncStateFamily {
         _ operation: @escaping @Sendable (Key, Context) async throws -> Value
     ) async throws -> AsyncSnapshot<Value?> {
         if let fresh = core.freshSnapshot(of: key, at: core.clock.now()) { return fresh }
-        return try await snapshotFromStore(for: key, retry: retry) { try await operation($0, context) }
+        return try await snapshotFromStore(for: key, retry: retry, .plain { try await operation($0, context) })
     }
 
     /// The miss path of ``snapshot(for:retry:_:)``: the snapshot once `key`'s store has answered.
     /// Specialized in the caller's module but never inlined into it, as ``fetchFromStore(_:_:retry:_:)``.
     @inlinable @inline(never)
     nonisolated(nonsending) func snapshotFromStore(
-        for key: Key, retry: RetryPolicy?, _ operation: @escaping Operation
+        for key: Key, retry: RetryPolicy?, _ operation: KeyedOperation
     ) async throws -> AsyncSnapshot<Value?> {
         try await core.using(key) { store in
             do {
@@ -117,7 +117,7 @@ extension AsyncStateFamily {
     /// ``AsyncState``'s), but never inlined into it, so that the hit path stays small.
     @inlinable @inline(never)
     nonisolated(nonsending) func fetchFromStore(
-        _ key: Key, _ request: FetchRequest, retry: RetryPolicy?, _ operation: @escaping Operation
+        _ key: Key, _ request: FetchRequest, retry: RetryPolicy?, _ operation: KeyedOperation
     ) async throws -> Value {
         try await core.using(key) { store in try await fetch(key, from: store, request, retry: retry, operation) }
     }
@@ -129,7 +129,7 @@ extension AsyncStateFamily {
         for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
     ) async {
         if core.freshValue(of: key, at: core.clock.now()) != nil { return }
-        _ = try? await fetchFromStore(key, .fetch, retry: retry, operation)
+        _ = try? await fetchFromStore(key, .fetch, retry: retry, .plain(operation))
     }
 
     /// Fetches `key` now, fresh or not, like ``AsyncState/refresh(retry:_:)``.
@@ -138,7 +138,7 @@ extension AsyncStateFamily {
         for key: Key, retry: RetryPolicy? = nil, _ operation: @escaping Operation
     ) async {
         await core.using(key) { store in
-            _ = try? await fetch(key, from: store, .refresh, retry: retry, operation)
+            _ = try? await fetch(key, from: store, .refresh, retry: retry, .plain(operation))
         }
     }
 
@@ -147,7 +147,7 @@ extension AsyncStateFamily {
     /// ``AsyncState/retry(_:)``. Returns once the fetch has settled.
     @inlinable
     public nonisolated(nonsending) func retry(for key: Key, _ operation: @escaping Operation) async {
-        await core.using(key) { store in _ = try? await store.retry(storeOperation(key, store, .value, operation)) }
+        await core.using(key) { store in _ = try? await store.retry(storeOperation(key, store, .plain(operation))) }
     }
 
     /// Returns the values of `keys`: one run of `operation` loads every key that is neither fresh
@@ -195,7 +195,7 @@ extension AsyncStateFamily {
             pinned.append(key)
             do {
                 let attempt: UInt64?
-                switch try store.enter(.value, policy: retry, { try await batch.value(for: key) }) {
+                switch try store.enter(.value, policy: retry, .plain { try await batch.value(for: key) }) {
                 case .value(let value, let didStart):
                     results[key] = .success(Self.answered(value))
                     attempt = didStart  // a background refresh (stale or ahead)
@@ -281,20 +281,45 @@ extension AsyncStateFamily {
     @inlinable
     nonisolated(nonsending) func fetch(
         _ key: Key, from store: AsyncStateStore<Value?>, _ request: FetchRequest, retry: RetryPolicy?,
-        _ operation: @escaping Operation
+        _ operation: KeyedOperation
     ) async throws -> Value {
-        Self.answered(try await store.fetch(request, policy: retry, storeOperation(key, store, request, operation)))
+        Self.answered(try await store.fetch(request, policy: retry, storeOperation(key, store, operation)))
     }
 
-    /// The operation `key`'s store runs: `operation`, through the second level if the family has one.
-    /// Never inlined into the async miss path: its branches would grow every waiting caller's frame
-    /// past the memory a new task starts with (a second slab, one more allocation per caller).
+    /// How a key's operation was given: what ``storeOperation(_:_:_:)`` makes `key`'s store's
+    /// operation of.
+    @usableFromInline
+    enum KeyedOperation: Sendable {
+        /// Fetches a key's value (``Operation``).
+        case plain(Operation)
+        /// Answers a key's value or "not modified", given the value it would replace
+        /// (``ConditionalOperation``).
+        case conditional(ConditionalOperation)
+    }
+
+    /// The operation `key`'s store runs: `operation` for `key`, through the second level if the
+    /// family has one. Never inlined into the async miss path: its branches would grow every waiting
+    /// caller's frame past the memory a new task starts with (a second slab, one more allocation per
+    /// caller).
     @inlinable @inline(never)
-    func storeOperation(
-        _ key: Key, _ store: AsyncStateStore<Value?>, _ request: FetchRequest, _ operation: @escaping Operation
-    ) -> @Sendable () async throws -> Value? {
-        guard let secondLevel = core.secondLevel else { return { try await operation(key) } }
-        return secondLevel.operation(for: key, in: store, request: request) { try await operation(key) }
+    func storeOperation(_ key: Key, _ store: AsyncStateStore<Value?>, _ operation: KeyedOperation)
+        -> AsyncStateStore<Value?>.Operation
+    {
+        let keyed: AsyncStateStore<Value?>.Operation
+        switch operation {
+        case .plain(let operation):
+            keyed = .plain { try await operation(key) }
+        case .conditional(let operation):
+            keyed = .reading { input in
+                switch try await operation(key, input.previous ?? nil) {
+                case .modified(let value): return .value(value)
+                case .notModified: return .notModified
+                }
+            }
+        }
+        guard let secondLevel = core.secondLevel else { return keyed }
+        return secondLevel.operation(
+            named: secondLevel.key(of: key), reportingTo: store, keyed, unwrap: { $0 }, stored: { $0 })
     }
 
     /// A value a key's store answered with. A store answers with a value only after a success or a

@@ -62,7 +62,7 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
         _ operation: @escaping Load.Operation
     ) throws -> Store.Ticket {
         let seat = Seat()
-        let ticket = try store.enter(.value, policy: retry, { try await Self.value(for: key, at: seat) })
+        let ticket = try store.enter(.value, policy: retry, .plain { try await Self.value(for: key, at: seat) })
         // A call that joins a flight, is answered at once or throws adds no key, and opens no batch.
         guard let started = ticket.started else { return ticket }
         let fetch = store.observedFetch

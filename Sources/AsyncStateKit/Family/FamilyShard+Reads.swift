@@ -74,18 +74,15 @@ extension FamilyShard {
     }
 
     /// The snapshot at `now` of the compact entry whose record is at `position` in `shard`, whose data
-    /// stays fresh for `expiry`: its data's snapshot (``StateData/snapshot(atRest:phase:freshSince:lastError:lastSuccess:successCount:at:expiry:)``),
-    /// from the packed fields.
+    /// stays fresh for `expiry`: its packed data's snapshot (``StateData/Packed/snapshot(value:freshSince:at:expiry:)``),
+    /// without unpacking it.
     @inlinable @inline(__always)
     static func compactSnapshot(in shard: UnsafePointer<Self>, at position: Int, now: Duration, expiry: Duration)
         -> AsyncSnapshot<Value?>
     {
         shard.pointee.table.records.withUnsafeBufferPointer { records in
-            let metadata = shard.pointee.metadata[Int(records[position].slot)]!
-            return Data.snapshot(
-                atRest: records[position].value, phase: metadata.phase, freshSince: records[position].freshness,
-                lastError: metadata.lastError, lastSuccess: metadata.lastSuccess, successCount: metadata.successCount,
-                at: now, expiry: expiry)
+            shard.pointee.metadata[Int(records[position].slot)]!.snapshot(
+                value: records[position].value, freshSince: records[position].freshness, at: now, expiry: expiry)
         }
     }
 
@@ -99,16 +96,14 @@ extension FamilyShard {
         shard.pointee.policy.noteHit(slot, hash: hash)
     }
 
-    /// The data of the compact entry whose record is at `position`: the one place a compact entry is
-    /// unpacked (for a hit's snapshot, a read's, every entry's, a write's, a pin's). Read field by
-    /// field, not through a copy of the record.
+    /// The data of the compact entry whose record is at `position`, unpacked
+    /// (``StateData/init(value:freshSince:packed:)``): for a read's snapshot, every entry's, a write's,
+    /// a pin's. Read field by field, not through a copy of the record.
     @inlinable @inline(__always)
     func compactData(at position: Int) -> Data {
-        let metadata = metadata[Int(table.records[position].slot)]!
-        return Data(
-            atRest: table.records[position].value, phase: metadata.phase, freshSince: table.records[position].freshness,
-            receivedAt: metadata.receivedAt, lastError: metadata.lastError, lastSuccess: metadata.lastSuccess,
-            successCount: metadata.successCount, restoredUntil: metadata.restoredUntil, version: metadata.version)
+        Data(
+            value: table.records[position].value, freshSince: table.records[position].freshness,
+            packed: metadata[Int(table.records[position].slot)]!)
     }
 
     // MARK: Reads that are not uses

@@ -9,7 +9,7 @@ public import Foundation
 /// ``pin(_:at:make:restore:)`` and ``unpin(_:)``, a fetch in flight, an `updates` subscriber) or while
 /// its data is not at rest (never fetched, failed). An entry nobody uses with data at rest is
 /// **compact**: its ``StateData``, packed into its record (value and freshness, read by the hit path)
-/// and its ``Metadata`` (the rest), a few dozen bytes besides the key and value; a hit on it reads the
+/// and its ``Metadata`` (the rest, ``StateData/Packed``), a few dozen bytes besides the key and value; a hit on it reads the
 /// shard alone. Pinning a compact entry makes its store again from that data, and a write or an
 /// invalidation of a compact entry changes the data by its own methods, as a store's machine does: so
 /// every per-key rule is decided once, in ``StateData`` and ``FetchStateMachine``.
@@ -33,46 +33,8 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     }
 
     /// What a compact entry keeps besides its value and freshness (read off the hit path): the rest
-    /// of its ``StateData``, which is at rest (so its failure fields are empty, and whether its value
-    /// is empty is what its phase says). Its optionals are kept as values with a sentinel for "none":
-    /// as optionals, each would take a byte more, and with alignment eight. Its two instants are
-    /// ``WholeNanoseconds`` (8 bytes each).
-    @usableFromInline
-    struct Metadata {
-        @usableFromInline var phase: AsyncPhase
-        @usableFromInline var lastError: (any Error)?
-        /// ``lastSuccess`` as seconds since the reference date (what a `Date` holds), NaN for none.
-        @usableFromInline var lastSuccessSeconds: Double
-        @usableFromInline var successCount: Int
-        /// ``restoredUntil``, in whole nanoseconds.
-        @usableFromInline var restoredUntilNanoseconds: WholeNanoseconds
-        /// ``receivedAt``, in whole nanoseconds.
-        @usableFromInline var receivedNanoseconds: WholeNanoseconds
-        /// See ``StateData/version``.
-        @usableFromInline var version: UInt64
-
-        @inlinable init(_ data: Data) {
-            version = data.version
-            phase = data.phase
-            lastError = data.lastError
-            lastSuccessSeconds = data.lastSuccess?.timeIntervalSinceReferenceDate ?? .nan
-            successCount = data.successCount
-            restoredUntilNanoseconds = WholeNanoseconds(data.restoredUntil)
-            receivedNanoseconds = WholeNanoseconds(data.receivedAt)
-        }
-
-        /// The wall date of the entry's last success, if any.
-        @inlinable
-        var lastSuccess: Date? {
-            lastSuccessSeconds.isNaN ? nil : Date(timeIntervalSinceReferenceDate: lastSuccessSeconds)
-        }
-
-        /// See ``StateData/restoredUntil``.
-        @inlinable var restoredUntil: Duration? { restoredUntilNanoseconds.duration }
-
-        /// See ``StateData/receivedAt``.
-        @inlinable var receivedAt: Duration? { receivedNanoseconds.duration }
-    }
+    /// of its ``StateData``, packed (see ``StateData/Packed``, the one place data is packed).
+    @usableFromInline typealias Metadata = Data.Packed
 
     /// An entry that left the shard, for the removal callback (called after the lock is released).
     @usableFromInline struct Removed {
@@ -197,12 +159,14 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         return record.store.map { $0.cell.value } ?? record.value
     }
 
-    /// Whether the entry at `slot` is in use: never evicted nor dropped as idle then.
-    @inlinable func isBusy(_ slot: Int) -> Bool { Self.isBusy(slot, table: table, users: users) }
+    /// Whether the entry at `slot` is in use: never evicted, swept as idle or made compact then.
+    @inlinable func isInUse(_ slot: Int) -> Bool { Self.isInUse(slot, table: table, users: users) }
 
-    /// ``isBusy(_:)`` from the two tables it reads, for closures that must not capture the shard.
-    @inlinable static func isBusy(_ slot: Int, table: Table, users: [Int32]) -> Bool {
-        users[slot] > 0 || table.records[table.at(slot)].store?.isBusy == true
+    /// Whether the entry at `slot` is in use — a caller holds it (between ``pin(_:at:make:)`` and
+    /// ``unpin(_:)``), or its store has a flight (``FetchStateMachine/hasFlight``) — from the two
+    /// tables it reads, for closures that must not capture the shard. The one "in use" of a family.
+    @inlinable static func isInUse(_ slot: Int, table: Table, users: [Int32]) -> Bool {
+        Store.isInUse(users: users[slot], hasFlight: table.records[table.at(slot)].store?.hasFlight == true)
     }
 
     /// Makes the entry at `slot` live with `store`.
@@ -224,7 +188,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         table.records[position].store = nil
         table.records[position].value = data.value
         table.records[position].freshness = data.freshSince
-        metadata[slot] = Metadata(data)
+        metadata[slot] = data.packed
         if let tagger {
             liveSlots.remove(Int32(slot))
             let tags = data.value.map { Set(tagger(table.key(at: slot), $0)).sorted() } ?? []
@@ -269,10 +233,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
         }
         for slot in liveSlots {
             guard let store = table.records[table.at(Int(slot))].store else { continue }
-            let (value, loading) = store.cell.contents.read {
-                ($0.pointee.snapshot.value, $0.pointee.flightStart != nil)
-            }
-            if loading || value.map({ tagger(table.key(at: Int(slot)), $0).contains(tag) }) == true {
+            if store.hasFlight || store.cell.value.map({ tagger(table.key(at: Int(slot)), $0).contains(tag) }) == true {
                 live.append(store)
             }
         }
@@ -472,7 +433,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
             // The copies end here, before `remove` writes to the tables.
             let (table, users) = (table, users)
             chosen = policy.victim(
-                where: { table.key(at: Int($0)) != sparing && !Self.isBusy(Int($0), table: table, users: users) },
+                where: { table.key(at: Int($0)) != sparing && !Self.isInUse(Int($0), table: table, users: users) },
                 hash: { table.hash(at: Int($0)) })
         }
         guard let (slot, refused) = chosen else { return false }
@@ -486,7 +447,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
     /// that (the family could never hold it); returns whether it did. A busy one stays.
     @inlinable mutating func evict(_ key: Key, ifHeavierThan maximum: Int? = nil, into removed: inout Removals) -> Bool
     {
-        guard let slot = table.slot(of: key), !isBusy(Int(slot)) else { return false }
+        guard let slot = table.slot(of: key), !isInUse(Int(slot)) else { return false }
         if let maximum, weigher == nil || weights[Int(slot)] <= maximum { return false }  // nothing weighed: no weight
         removed.append(self.removed(at: Int(slot), reason: .evicted))
         remove(slot)
@@ -513,7 +474,7 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
                 // deadline, when the sweeper wakes next; the entries after it wait until then.
                 guard lastUse > root.since else { return (count, true) }
                 idle.raiseRoot(to: lastUse)
-            } else if isBusy(i) {
+            } else if isInUse(i) {
                 lastAccess[i] = now
                 idle.raiseRoot(to: now)
             } else {

@@ -181,20 +181,18 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
     public nonisolated(nonsending) func loadMore(retry: RetryPolicy? = nil, _ operation: @escaping Operation)
         async throws -> AsyncPages<Item, Cursor>
     {
-        let current = store.cell.value
-        // At the end with nothing in flight: nothing to read. (A read starting right after this
-        // check comes after this call.)
-        if current.hasFirstPage, current.nextCursor == nil, !store.isBusy { return current }
         let maxPages = maxPages
-        return try await read(.loadMore, retry: retry) { [weak store] in
-            // The list as the attempt starts: only a refresh, a read of an expired list or a reset
-            // can change it before this result lands, and each of them ends this flight (its result
-            // is dropped).
-            guard let list = store?.cell.value else { throw CancellationError() }
-            guard list.hasFirstPage else { return AsyncPages(first: try await operation(nil)) }
-            guard let cursor = list.nextCursor else { return list }
-            return list.appending(try await operation(cursor), maxPages: maxPages)
-        }
+        // The machine decides what an append is: at the end of the list with nothing in flight, the
+        // list at once; before the first page, a first read; otherwise an append to the list it
+        // hands the attempt, which only a refresh, a read of an expired list or a reset could change
+        // — and each of them ends this flight, whose result is then dropped.
+        return try await read(
+            .loadMore, retry: retry,
+            .reading { input in
+                guard let list = input.previous else { return .value(AsyncPages(first: try await operation(nil))) }
+                guard let cursor = list.nextCursor else { return .value(list) }
+                return .value(list.appending(try await operation(cursor), maxPages: maxPages))
+            })
     }
 
     /// Marks the list expired: the next ``items(retry:_:)`` reads from the first page.
@@ -249,12 +247,12 @@ public struct AsyncPagedState<Item: Sendable, Cursor: Sendable>: Sendable {
 
     /// The operation that reads the first page into a new list.
     private func firstPage(_ operation: @escaping Operation) -> Store.Operation {
-        { AsyncPages(first: try await operation(nil)) }
+        .plain { AsyncPages(first: try await operation(nil)) }
     }
 
     /// Asks the store for `request`.
     private nonisolated(nonsending) func read(
-        _ request: FetchRequest, retry: RetryPolicy?, _ operation: @escaping Store.Operation
+        _ request: FetchRequest, retry: RetryPolicy?, _ operation: Store.Operation
     ) async throws -> AsyncPages<Item, Cursor> {
         try await store.fetch(request, policy: retry, operation)
     }

@@ -83,3 +83,16 @@ public struct AsyncPages<Item: Sendable, Cursor: Sendable>: Sendable, AsyncState
         return result
     }
 }
+
+/// A value that is a listing read page by page: it can be at its end, with nothing more to load (see
+/// ``FetchStateMachine/isAtEnd(_:)``, the one place the machine asks).
+@usableFromInline
+protocol AsyncStateListing {
+    /// Whether the listing's last page was read: an append has nothing to load.
+    var isAtEnd: Bool { get }
+}
+
+extension AsyncPages: AsyncStateListing {
+    /// The first page was read, and the last page said there is no next one (``hasMore`` is false).
+    @usableFromInline var isAtEnd: Bool { !hasMore }
+}

@@ -2,9 +2,12 @@ import Foundation
 
 /// What a family's miss does with a second level (see ``AsyncStateSecondLevelOptions`` for the
 /// rules): read, lease, load, write, wait. It runs inside the attempt of the key's local flight, so
-/// the family's own single flight, cancellation, retry and timeout apply around it unchanged; it
-/// answers with the source's value, or with one another replica fetched, which the store settles as
-/// arrived (``SecondLevelArrival``) with the freshness it has left.
+/// the family's own single flight, cancellation, retry and timeout apply around it unchanged. It
+/// reads the state only through the attempt's ``AttemptInput``, and answers a typed
+/// ``AttemptResult``: the source's answer, or a value another replica fetched (``AttemptResult/arrived(_:_:)``),
+/// which the machine settles with the freshness it has left. Which entries it may take, and how
+/// fresh they are, the machine's rules decide (``AttemptInput/mayTake(version:succeededAt:)``,
+/// ``AttemptInput/arrival(succeededAt:freshUntil:version:lifetime:at:)``).
 @usableFromInline
 final class SecondLevelLoader<Value: Sendable>: Sendable {
     let options: AsyncStateSecondLevelOptions<Value>
@@ -26,15 +29,6 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         var statistics = AsyncStateSecondLevelStatistics()
     }
 
-    /// What a load answered with.
-    enum Loaded {
-        /// The source's value, which this replica fetched without writing it to the second level.
-        case source(Value)
-        /// A value with its second-level version: one another replica's source answered with, read
-        /// from the second level, or the one this replica fetched and wrote as the lease's holder.
-        case arrived(Value, RemoteArrival)
-    }
-
     /// A call to the second level failed (with `error`) or ran past its timeout
     /// (``AsyncStateSecondLevelTimeout``): the load goes to the source.
     private struct Fault: Error {
@@ -51,103 +45,72 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
 
     var statistics: AsyncStateSecondLevelStatistics { health.withLock { $0.statistics } }
 
-    /// The second level's key for a family key.
+    /// The second level's key of a family's key: the one way it is named, by loads and by the
+    /// invalidator (`"007"` and 7 are different keys there as they are here).
+    @usableFromInline func key<Key>(of key: Key) -> String { self.key(for: String(describing: key)) }
+
+    /// The second level's key for a key's description (a message's key that names no entry here).
     func key(for description: String) -> String { "\(options.namespace):\(description)" }
-
-    /// A store's operation for `key` that loads through the second level (see ``load(_:_:)``): it
-    /// returns the source's value, or throws a value with its version (another replica's, or its own
-    /// as the lease's holder) as a ``SecondLevelArrival``, which the store's task settles as arrived.
-    ///
-    /// An entry older than the value `store` holds (by its source's answer), or than the version it
-    /// knows exists, is not taken: a replica's data never gets older, even after it called its
-    /// source without the lease (the second level was down, or a wait ran out).
-    ///
-    /// For a refresh (``FetchRequest/readsTheSource``), it takes no entry: it loads from the source
-    /// as the lease's holder, once any other holder's lease is over. What it does is reported to the
-    /// store's observer, as part of the fetch.
-    @usableFromInline
-    func operation<Key>(
-        for key: Key, in store: AsyncStateStore<Value?>, request: FetchRequest,
-        _ operation: @escaping @Sendable () async throws -> Value
-    ) -> @Sendable () async throws -> Value? {
-        self.operation(
-            named: self.key(for: String(describing: key)), in: store, fromSource: request.readsTheSource, operation
-        ) { $0 }
-    }
-
-    /// A single state's operation (see ``operation(for:in:request:_:)``): its entry is the
-    /// namespace's own key (``stateKey``).
-    @usableFromInline
-    func operation(
-        in store: AsyncStateStore<Value>, request: FetchRequest,
-        _ operation: @escaping @Sendable () async throws -> Value
-    ) -> @Sendable () async throws -> Value {
-        self.operation(named: stateKey, in: store, fromSource: request.readsTheSource, operation) { $0 }
-    }
 
     /// A single state's key in the second level: its namespace and a colon (so that
     /// ``invalidateAll()`` covers it as it covers a family's keys).
-    var stateKey: String { key(for: "") }
+    @usableFromInline var stateKey: String { key(for: "") }
 
-    /// The operation of a store of `StoreValue` (a family entry's `Value?`, a state's `Value`) for the
-    /// second level's `key`; `stored` makes a loaded value the store's.
-    private func operation<StoreValue: Sendable>(
-        named key: String, in store: AsyncStateStore<StoreValue>, fromSource: Bool,
-        _ operation: @escaping @Sendable () async throws -> Value,
-        stored: @escaping @Sendable (Value) -> StoreValue
-    ) -> @Sendable () async throws -> StoreValue {
-        { [self, weak store] in
-            let (held, version) =
-                store?.core.withLock { ($0.machine.data.lastSuccess, $0.machine.data.version) } ?? (nil, 0)
-            var report: (@Sendable (AsyncStateSecondLevelEvent) -> Void)?
-            if store?.events != nil { report = { [weak store] in store?.reportSecondLevel($0) } }
-            let load = Load(key: key, held: held, minimum: version, fromSource: fromSource, report: report)
-            switch try await self.load(load, operation) {
-            case .source(let value): return stored(value)
-            case .arrived(let value, let arrival):
-                throw SecondLevelArrival<StoreValue>(value: stored(value), arrival: arrival)
-            }
+    /// The operation of a store of `StoreValue` (a family entry's `Value?`, a state's `Value`) that
+    /// loads `source` through the second level's `key` (see ``load(_:report:_:unwrap:stored:)``).
+    /// `unwrap` gives the value to write from the store's (`nil`: not written); `stored` makes a
+    /// value read from the second level the store's. What it does is reported to `store`'s observer,
+    /// as part of the fetch.
+    @usableFromInline
+    func operation<StoreValue: Sendable>(
+        named key: String, reportingTo store: AsyncStateStore<StoreValue>, _ source: FetchOperation<StoreValue>,
+        unwrap: @escaping @Sendable (StoreValue) -> Value?, stored: @escaping @Sendable (Value) -> StoreValue
+    ) -> FetchOperation<StoreValue> {
+        var report: (@Sendable (AsyncStateSecondLevelEvent) -> Void)?
+        if store.events != nil { report = { [weak store] in store?.reportSecondLevel($0) } }
+        return .reading { [self, report] input in
+            let load = Load(key: key, input: input, report: report)
+            return try await self.load(load, { try await source.run(with: input) }, unwrap: unwrap, stored: stored)
         }
     }
 
-    /// One load: its key, what an entry must be newer than, and whom to tell.
-    struct Load: Sendable {
+    /// One load: its key, what its attempt read of the state, and whom to tell.
+    struct Load<StoreValue: Sendable>: Sendable {
         /// The second level's key.
         var key: String
-        /// The date of the value this replica holds: an entry dated earlier is not taken, nor the
-        /// held value itself (its date and ``minimum`` as version). The load runs because that value
-        /// is expired or was invalidated: taking it back would undo an invalidation that the second
-        /// level missed (the invalidator could not mark it, and the message carries no version).
-        var held: Date?
-        /// The version this replica knows exists: an entry below it is not taken.
-        var minimum: UInt64
-        /// A refresh: no entry is taken.
-        var fromSource: Bool
+        /// What the attempt read of the state: the held value's date and the version its data is
+        /// known to be (which entries it may take), and whether it must read the source.
+        var input: AttemptInput<StoreValue>
         var report: (@Sendable (AsyncStateSecondLevelEvent) -> Void)?
     }
 
-    /// Loads a key's value: from the second level if it holds a fresh one, else from `operation` as
-    /// the lease's holder (writing it), else from the holder's write; from `operation` directly when
-    /// the second level fails or a wait runs out.
-    func load(_ load: Load, _ operation: @Sendable () async throws -> Value) async throws -> Loaded {
+    /// Loads a key's value: from the second level if it holds a fresh one the input may take, else
+    /// from `source` as the lease's holder (writing it), else from the holder's write; from `source`
+    /// directly when the second level fails or a wait runs out.
+    func load<StoreValue>(
+        _ load: Load<StoreValue>, _ source: @Sendable () async throws -> AttemptResult<StoreValue>,
+        unwrap: @Sendable (StoreValue) -> Value?, stored: @Sendable (Value) -> StoreValue
+    ) async throws -> AttemptResult<StoreValue> {
         if isSkipped() {
             note(.skipped, load)
-            return .source(try await operation())
+            return try await source()
         }
         do {
-            return try await loadThroughSecondLevel(load, operation)
+            return try await loadThroughSecondLevel(load, source, unwrap: unwrap, stored: stored)
         } catch let fault as Fault {
             note(.fault(error: fault.error), load)
             try Task.checkCancellation()  // a call ended by this load's cancellation: no source call
-            return .source(try await operation())
+            return try await source()
         }
     }
 
-    private func loadThroughSecondLevel(_ load: Load, _ operation: @Sendable () async throws -> Value) async throws
-        -> Loaded
-    {
+    private func loadThroughSecondLevel<StoreValue>(
+        _ load: Load<StoreValue>, _ source: @Sendable () async throws -> AttemptResult<StoreValue>,
+        unwrap: @Sendable (StoreValue) -> Value?, stored: @Sendable (Value) -> StoreValue
+    ) async throws -> AttemptResult<StoreValue> {
         let key = load.key
-        if !load.fromSource, let fresh = try await freshEntry(load) { return fresh }
+        let readsEntries = !load.input.readsTheSource
+        if readsEntries, let fresh = try await freshEntry(load, stored: stored) { return fresh }
         let giveUpAt = clock.now().saturatingAdd(options.maximumWait)
         var waited = false
         while true {
@@ -155,7 +118,8 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
                 try await options.level.acquireLease(on: key, for: options.leaseDuration)
             }) {
             case .acquired(let token):
-                return try await loadAsHolder(load, token: token, afterWaiting: waited, operation)
+                return try await loadAsHolder(
+                    load, token: token, afterWaiting: waited, source, unwrap: unwrap, stored: stored)
             case .held(let expiresIn):
                 if !waited {
                     waited = true
@@ -170,10 +134,10 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
                     now.saturatingAdd(options.pollInterval),
                     now.saturatingAdd(max(expiresIn, .milliseconds(1))), giveUpAt)
                 try await clock.sleep(max(wake, now))
-                if !load.fromSource, let fresh = try await freshEntry(load) { return fresh }
+                if readsEntries, let fresh = try await freshEntry(load, stored: stored) { return fresh }
                 if clock.now() >= giveUpAt {
                     note(.waitRanOut, load)
-                    return .source(try await operation())
+                    return try await source()
                 }
             }
         }
@@ -183,22 +147,28 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     /// lease is given back afterwards whatever happens (after the write, so that a replica that
     /// finds the lease free finds the entry too). A holder that waited for another first reads the
     /// entry once more: its last read found none, and that holder may have written it and given the
-    /// lease back since.
-    private func loadAsHolder(
-        _ load: Load, token: UInt64, afterWaiting waited: Bool, _ operation: @Sendable () async throws -> Value
-    ) async throws -> Loaded {
+    /// lease back since. A source that answers "not modified" writes nothing.
+    private func loadAsHolder<StoreValue>(
+        _ load: Load<StoreValue>, token: UInt64, afterWaiting waited: Bool,
+        _ source: @Sendable () async throws -> AttemptResult<StoreValue>, unwrap: @Sendable (StoreValue) -> Value?,
+        stored: @Sendable (Value) -> StoreValue
+    ) async throws -> AttemptResult<StoreValue> {
         let key = load.key
         // Given back in a task of its own, whatever happens: not held up by a slow second level, and
         // not skipped when this load was cancelled (its caller's cancellation would end the call at
         // once, and the other replicas would wait for the lease to expire).
         defer { Task(executorPreference: clock.executor) { [self] in await release(key, token: token) } }
-        if waited, !load.fromSource, let fresh = try await freshEntry(load) { return fresh }
-        let value = try await operation()
+        if waited, !load.input.readsTheSource, let fresh = try await freshEntry(load, stored: stored) { return fresh }
+        let answer = try await source()
+        guard case .value(let answered) = answer, let value = unwrap(answered) else {
+            note(.loaded(version: nil), load)
+            return answer
+        }
         let date = clock.date()
         let lifetime = lifetime(value)
         guard lifetime > .zero, let payload = try? options.codec.encode(value) else {
             note(.loaded(version: nil), load)
-            return .source(value)
+            return answer
         }
         let entry = AsyncStateStoredEntry(
             payload: payload, succeededAt: date, freshUntil: date.addingTimeInterval(lifetime.timeInterval),
@@ -211,20 +181,20 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         switch written {
         case true?:
             note(.loaded(version: token), load)
-            return .arrived(value, RemoteArrival(age: .zero, lifetime: lifetime, date: date, version: token))
+            return .arrived(answered, RemoteArrival(age: .zero, lifetime: lifetime, date: date, version: token))
         case false?:
             // A newer holder wrote first (this one outlived its lease), or the key was invalidated
             // since: the entry there is newer than this value.
             note(.writeRefused(version: token), load)
             var newer = load
-            (newer.held, newer.minimum) = (nil, token)
-            if let fresh = try? await freshEntry(newer) { return fresh }
+            newer.input = load.input.requiring(version: token)
+            if let fresh = try? await freshEntry(newer, stored: stored) { return fresh }
             // The newer version is an invalidation's (no fresh entry): this value is from before the
             // change, and lands expired (the next read loads again).
-            return .arrived(value, RemoteArrival(age: .zero, lifetime: .zero, date: date, version: token))
+            return .arrived(answered, RemoteArrival(age: .zero, lifetime: .zero, date: date, version: token))
         case nil:
             note(.loaded(version: nil), load)
-            return .source(value)
+            return answer
         }
     }
 
@@ -233,18 +203,16 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         _ = try? await bounded { [options] in try await options.level.releaseLease(on: key, token: token) }
     }
 
-    /// The key's entry as an answer, if the second level holds a fresh one that decodes, is at least
-    /// the load's minimum version, and is neither older than the value the replica holds nor that
-    /// value itself.
-    private func freshEntry(_ load: Load) async throws -> Loaded? {
+    /// The key's entry as an answer, if the second level holds one that decodes and that the load's
+    /// input may take fresh (the machine's rules: ``AttemptInput/mayTake(version:succeededAt:)``,
+    /// ``AttemptInput/arrival(succeededAt:freshUntil:version:lifetime:at:)``).
+    private func freshEntry<StoreValue>(_ load: Load<StoreValue>, stored: @Sendable (Value) -> StoreValue)
+        async throws -> AttemptResult<StoreValue>?
+    {
         let key = load.key
-        guard let entry = try await bounded({ [options] in try await options.level.read(key) }) else { return nil }
-        guard entry.version >= load.minimum else { return nil }
-        if let held = load.held,
-            entry.succeededAt < held || (entry.succeededAt == held && entry.version == load.minimum)
-        {
-            return nil
-        }
+        guard let entry = try await bounded({ [options] in try await options.level.read(key) }),
+            load.input.mayTake(version: entry.version, succeededAt: entry.succeededAt)
+        else { return nil }
         let value: Value
         do {
             value = try options.codec.decode(entry.payload)
@@ -253,15 +221,13 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             if !entry.payload.isEmpty { note(.undecodable(error: error), load) }
             return nil
         }
-        let date = clock.date()
-        let age = max(Duration.clamped(seconds: date.timeIntervalSince(entry.succeededAt)), .zero)
-        // Never fresher than this replica would keep it from the source's answer.
-        let remaining = min(
-            Duration.clamped(seconds: entry.freshUntil.timeIntervalSince(date)), lifetime(value) - age)
-        guard remaining > .zero else { return nil }
+        guard
+            let arrival = AttemptInput<StoreValue>.arrival(
+                succeededAt: entry.succeededAt, freshUntil: entry.freshUntil, version: entry.version,
+                lifetime: lifetime(value), at: clock.date())
+        else { return nil }
         note(.hit(version: entry.version), load)
-        return .arrived(
-            value, RemoteArrival(age: age, lifetime: remaining, date: entry.succeededAt, version: entry.version))
+        return .arrived(stored(value), arrival)
     }
 
     /// Marks `key`'s entry stale in the second level (before a change made through this replica is
@@ -281,7 +247,7 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     /// whatever the backoff, and not stopped by the caller's cancellation); whether it did.
     func invalidateAll() async -> Bool {
         await Task(executorPreference: clock.executor) { [self, options] in
-            (try? await bounded { try await options.level.invalidateAll(withPrefix: "\(options.namespace):") })
+            (try? await bounded { try await options.level.invalidateAll(withPrefix: self.key(for: "")) })
                 != nil
         }.value
     }
@@ -295,7 +261,7 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     }
 
     /// Counts `event` and tells the observer.
-    private func note(_ event: AsyncStateSecondLevelEvent, _ load: Load) {
+    private func note<StoreValue>(_ event: AsyncStateSecondLevelEvent, _ load: Load<StoreValue>) {
         health.withLock { health in
             switch event {
             case .hit: health.statistics.hits += 1
@@ -371,70 +337,5 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             }
             throw Fault(error: error)
         }
-    }
-}
-
-/// The first of a call's result, its timeout and its caller's cancellation to arrive resumes the
-/// waiting caller; the others are dropped.
-private final class Race<T: Sendable>: Sendable {
-    private struct State {
-        var continuation: UnsafeContinuation<Result<T, any Error>, Never>?
-        var result: Result<T, any Error>?
-        var cleanup: (@Sendable () -> Void)?
-        var finished = false
-    }
-    private let state = LockedValue(State())
-
-    /// Registers the waiting caller (a result that came first is delivered now).
-    func begin(_ continuation: UnsafeContinuation<Result<T, any Error>, Never>) {
-        let early = state.withLock { state -> Result<T, any Error>? in
-            if let result = state.result { return result }
-            state.continuation = continuation
-            return nil
-        }
-        if let early { continuation.resume(returning: early) }
-    }
-
-    /// Runs `cleanup` once the race is decided (now, if it is).
-    func onFinish(_ cleanup: @escaping @Sendable () -> Void) {
-        let now = state.withLock { state -> Bool in
-            if state.finished { return true }
-            state.cleanup = cleanup
-            return false
-        }
-        if now { cleanup() }
-    }
-
-    /// Decides the race with `result` unless it is decided.
-    func finish(_ result: Result<T, any Error>) {
-        let (continuation, cleanup) = state.withLock {
-            state -> (UnsafeContinuation<Result<T, any Error>, Never>?, (@Sendable () -> Void)?) in
-            guard !state.finished else { return (nil, nil) }
-            state.finished = true
-            state.result = result
-            defer { (state.continuation, state.cleanup) = (nil, nil) }
-            return (state.continuation, state.cleanup)
-        }
-        continuation?.resume(returning: result)
-        cleanup?()
-    }
-}
-
-/// What an operation wrapped by a second level throws to hand its store a value another replica
-/// fetched: the store's task turns it into the machine's ``FetchStateMachine/Outcome/arrived(_:_:)``
-/// (it never reaches a caller).
-@usableFromInline
-struct SecondLevelArrival<Value: Sendable>: Error {
-    @usableFromInline let value: Value
-    @usableFromInline let arrival: RemoteArrival
-}
-
-extension Duration {
-    /// `interval` seconds, within `±AsyncStateLimits.maximumDuration` (a wall-clock difference read
-    /// from a second level may be anything).
-    static func clamped(seconds interval: TimeInterval) -> Duration {
-        let bound = AsyncStateLimits.maximumDuration.timeInterval
-        guard !interval.isNaN else { return .zero }
-        return .nanoseconds(Int64(max(-bound, min(bound, interval)) * 1e9))
     }
 }

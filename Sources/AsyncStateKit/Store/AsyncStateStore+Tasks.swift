@@ -14,6 +14,21 @@ enum OperationContext {
 
     /// ``running``'s task-local (its projection), for inlinable code.
     @usableFromInline static var runningLocal: TaskLocal<[UInt64]> { $running }
+
+    /// The mark of a task that runs `attempt`: the current task's marks, and the attempt's id. With
+    /// ``marks(adding:)-([UInt64])``, for a batch's task, the one place a mark is made.
+    @inlinable static func marks(adding attempt: UInt64) -> [UInt64] {
+        var running = runningLocal.get()
+        running.append(attempt)
+        return running
+    }
+
+    /// The mark of a task that runs `attempts` (a batch's, which runs its keys' first attempts).
+    @inlinable static func marks(adding attempts: [UInt64]) -> [UInt64] {
+        var running = runningLocal.get()
+        running.append(contentsOf: attempts)
+        return running
+    }
 }
 
 /// How an ``AsyncStateStore``'s callers wait, and the tasks it runs: the attempts' operations and the
@@ -76,36 +91,31 @@ extension AsyncStateStore {
     func launchAndAttach(_ attempt: Machine.Attempt) {
         // The body is a literal here, not a closure made elsewhere and passed: passed, it is wrapped
         // again to become the task's operation (two more allocations per attempt).
-        let (marked, operation, flight, id) = (marks(attempt), attempt.operation, attempt.flight, attempt.id)
+        let (operation, input, flight, id) = (attempt.operation, attempt.input, attempt.flight, attempt.id)
+        let marked = OperationContext.marks(adding: id)
         let task = Task.immediate(executorPreference: clock.executor) { [self] in
-            await run(operation, marked: marked, flight: flight, id: id)
+            await run(operation, input: input, marked: marked, flight: flight, id: id)
         }
         let attached = core.withLock { $0.machine.attach(task: task, toAttempt: attempt.id) }
         if !attached { task.cancel() }
     }
 
-    /// The mark of a task that runs `attempt`: the current task's, and the attempt's id.
-    @inlinable func marks(_ attempt: Machine.Attempt) -> [UInt64] {
-        var running = OperationContext.runningLocal.get()
-        running.append(attempt.id)
-        return running
-    }
-
-    /// The body of an attempt's task: runs the operation, marked (``marks(_:)``) as this attempt for
-    /// the reentrancy check, and reports how it ended — always, whatever it threw, so the machine sees
-    /// every end. Always inlined into the task's closure, so that it adds no frame to the task.
+    /// The body of an attempt's task: runs the operation with the attempt's `input`, marked
+    /// (``OperationContext/marks(adding:)-(UInt64)``) as this attempt for the reentrancy check,
+    /// and reports how it ended as the machine's typed outcome — always, whatever it threw, so the
+    /// machine sees every end. Always inlined into the task's closure, so that it adds no frame to
+    /// the task.
     @inlinable @inline(__always)
-    func run(_ operation: @escaping Operation, marked: [UInt64], flight: Machine.FlightID, id: Machine.AttemptID) async
-    {
+    func run(
+        _ operation: Operation, input: AttemptInput<Value>, marked: [UInt64], flight: Machine.FlightID,
+        id: Machine.AttemptID
+    ) async {
         let outcome: Machine.Outcome
         do {
-            outcome = .success(try await OperationContext.runningLocal.withValue(marked) { try await operation() })
+            outcome = Machine.Outcome(
+                try await OperationContext.runningLocal.withValue(marked) { try await operation.run(with: input) })
         } catch is CancellationError {
             outcome = .cancelled
-        } catch is NotModified {
-            outcome = .notModified
-        } catch let arrival as SecondLevelArrival<Value> {
-            outcome = .arrived(arrival.value, arrival.arrival)
         } catch {
             outcome = .failure(error)
         }

@@ -1,4 +1,4 @@
-public import Foundation
+import Foundation
 
 /// Why a caller asks a state for its value: the one description of a request, given to the machine,
 /// which derives from it everything that depends on it — how fresh, failed and stale data are
@@ -23,7 +23,7 @@ enum FetchRequest: Equatable, Sendable {
     /// Whether the request asks the source itself, whatever a second level holds: a refresh does
     /// (it is asked for because the value may have changed at the source); the others take a
     /// fresh entry from the second level.
-    var readsTheSource: Bool { self == .refresh }
+    @inlinable var readsTheSource: Bool { self == .refresh }
 }
 
 extension FetchStateMachine {
@@ -90,6 +90,8 @@ extension FetchStateMachine {
         @usableFromInline var kind: FlightKind
         /// Why it started (the observer's `started`).
         @usableFromInline var reason: Reason
+        /// Whether its attempts must ask the source itself (``AttemptInput/readsTheSource``).
+        @usableFromInline var readsTheSource: Bool
         /// Whether the state had a value when it started (a paged state's activity).
         @usableFromInline var startedWithValue: Bool
         /// Set by ``invalidate(now:version:)`` during the flight: its result lands already expired.
@@ -114,11 +116,12 @@ extension FetchStateMachine {
         @inlinable
         init(
             id: FlightID, operation: Operation, stage: Stage, waiters: WaiterIDs, kind: FlightKind,
-            reason: Reason, startedWithValue: Bool, expiresOnArrival: Bool, policy: RetryPolicy, startedAt: Duration,
-            attempts: Int, random: SplitMix64, handles: Handles
+            reason: Reason, readsTheSource: Bool, startedWithValue: Bool, expiresOnArrival: Bool, policy: RetryPolicy,
+            startedAt: Duration, attempts: Int, random: SplitMix64, handles: Handles
         ) {
             (self.id, self.operation, self.stage, self.waiters, self.kind) = (id, operation, stage, waiters, kind)
-            (self.reason, self.startedWithValue, self.expiresOnArrival) = (reason, startedWithValue, expiresOnArrival)
+            (self.reason, self.readsTheSource) = (reason, readsTheSource)
+            (self.startedWithValue, self.expiresOnArrival) = (startedWithValue, expiresOnArrival)
             (self.policy, self.startedAt, self.attempts) = (policy, startedAt, attempts)
             (self.random, self.handles) = (random, handles)
         }
@@ -147,6 +150,13 @@ extension FetchStateMachine {
         /// As ``ifExpired``, except that stale data is returned at once while a background flight
         /// refreshes it.
         case staleWhileRevalidate
+
+        /// Whether a caller in this mode reads (`value`, `fetch`, `snapshot`): it is answered from
+        /// fresh data, a cached failure or fail-safe without a flight, and a soft timeout releases it
+        /// with a usable value. The others (`refresh`, a periodic run, an append, `retry`) ask for
+        /// new data, and wait for it past a soft timeout. The one definition of a soft timeout's
+        /// patient waiters.
+        @inlinable var isReader: Bool { self == .ifExpired || self == .staleWhileRevalidate }
     }
 
     /// What an operation's attempt ended with.
@@ -162,12 +172,21 @@ extension FetchStateMachine {
         /// It answered with a value another replica fetched (read from a second level): a success
         /// dated as that fetch was, as old and with as much freshness left as `arrival` says.
         case arrived(Value, RemoteArrival)
+
+        /// What an attempt that answered `result` ended with.
+        @inlinable init(_ result: AttemptResult<Value>) {
+            switch result {
+            case .value(let value): self = .success(value)
+            case .notModified: self = .notModified
+            case .arrived(let value, let arrival): self = .arrived(value, arrival)
+            }
+        }
     }
 
-    /// An attempt for the shell to run now: run `operation` in a task, give the task and the timer
-    /// to ``attach(task:timer:)``, report its end with ``attemptFinished(_:attempt:outcome:now:date:)``,
-    /// and, if `timeoutAt` is set, report ``attemptTimedOut(_:attempt:now:)`` at that instant unless it
-    /// ended first.
+    /// An attempt for the shell to run now: run `operation` with `input` in a task, give the task and
+    /// the timer to ``attach(task:timer:)``, report its end with
+    /// ``attemptFinished(_:attempt:outcome:now:date:)``, and, if `timeoutAt` is set, report
+    /// ``attemptTimedOut(_:attempt:now:)`` at that instant unless it ended first.
     @usableFromInline
     struct Attempt {
         /// The flight it belongs to.
@@ -176,6 +195,8 @@ extension FetchStateMachine {
         @usableFromInline var id: AttemptID
         /// What it runs.
         @usableFromInline var operation: Operation
+        /// What the operation may read of the state (taken as the attempt starts).
+        @usableFromInline var input: AttemptInput<Value>
         /// When it times out; `nil` for never.
         @usableFromInline var timeoutAt: Duration?
         /// When its flight's soft timeout is due, if it is the first attempt of a flight that has one
@@ -188,36 +209,45 @@ extension FetchStateMachine {
 
         @inlinable
         init(
-            flight: FlightID, id: AttemptID, operation: Operation, timeoutAt: Duration?, softTimeoutAt: Duration?,
-            starts: Reason?
+            flight: FlightID, id: AttemptID, operation: Operation, input: AttemptInput<Value>, timeoutAt: Duration?,
+            softTimeoutAt: Duration?, starts: Reason?
         ) {
-            (self.flight, self.id, self.operation, self.timeoutAt, self.starts) = (
-                flight, id, operation, timeoutAt, starts
-            )
-            self.softTimeoutAt = softTimeoutAt
+            (self.flight, self.id, self.operation, self.input) = (flight, id, operation, input)
+            (self.timeoutAt, self.softTimeoutAt, self.starts) = (timeoutAt, softTimeoutAt, starts)
         }
     }
 
     /// What to do after ``fetch(waiter:request:now:policy:operation:callerAttempts:)``.
     @usableFromInline
     enum FetchAction {
-        /// Give the caller this value now; it does not wait. Nothing starts. `stale`: the data is not
-        /// fresh (stale-while-revalidate, restored data under refresh ahead): a stale serve, not a hit.
-        case returnValue(Value, stale: Bool)
-        /// Give the caller this value now — stale (stale-while-revalidate, restored data) or fresh but
-        /// due for a refresh ahead — and start this background attempt (a new flight with no waiters).
-        case returnValueAndStart(Value, Attempt, stale: Bool)
+        /// Give the caller `value` now; it does not wait. Report it as `answer` says, and start
+        /// `refresh` if there is one: a new background flight with no waiters, which refreshes the
+        /// value (stale-while-revalidate, restored data, a refresh ahead).
+        case answer(Value, Answer, refresh: Attempt?)
         /// Throw this error to the caller now (a cached failure, a reentrant call, too many abandoned
         /// operations). Nothing changes.
         case fail(any Error)
-        /// Give the caller this value now instead of the cached failure `error`: fail-safe (the value
-        /// is younger than the maximum stale age). Nothing starts.
-        case failSafe(Value, error: any Error)
         /// The caller joined the flight in flight and waits for it.
         case join
         /// The flight in flight, if `replaced` is set, ended (cancel its handles; its outcome is
         /// `cancelled`); start `attempt`, a new flight the caller waits for.
         case start(Attempt, replaced: Handles?)
+    }
+
+    /// What a caller answered at once got, as the observer hears it.
+    @usableFromInline
+    enum Answer {
+        /// Fresh data: a hit (even when it starts a refresh ahead).
+        case fresh
+        /// Data that is not fresh: a stale serve (stale-while-revalidate, restored data, past a soft
+        /// timeout).
+        case stale
+        /// The last good value instead of the cached failure `error`: fail-safe (the value is
+        /// younger than the maximum stale age).
+        case failSafe(any Error)
+        /// A paged state's list at its end, with nothing in flight: there is nothing to load, and
+        /// nothing to report.
+        case atEnd
     }
 
     /// What to do after ``retry(waiter:operation:now:callerAttempts:)``.
@@ -249,21 +279,25 @@ extension FetchStateMachine {
         case retry(flight: FlightID, attempt: AttemptID, at: Duration, error: any Error, attempts: Int, cancel: Handles)
         /// Start this attempt now.
         case start(Attempt, cancel: Handles)
-        /// The flight settled with `result` (its outcome): resume `waiters` with it — or, as `answer`
-        /// says, with the value fail-safe answers instead.
+        /// The flight settled: its outcome is `outcome` (for the observer), and its `waiters` are
+        /// resumed with `answer`.
         case settle(
-            waiters: WaiterIDs, result: Result<Value, any Error>, report: FlightReport, cancel: Handles,
-            answer: SettleAnswer)
+            waiters: WaiterIDs, outcome: FlightOutcome, answer: Result<Value, any Error>, report: FlightReport,
+            cancel: Handles)
     }
 
-    /// What a settle's waiters get besides its result, and what the observer hears of it.
-    @usableFromInline enum SettleAnswer {
-        /// The result.
-        case result
-        /// This value instead of the result, a failure: fail-safe.
-        case failSafe(Value)
-        /// The result, a success that kept the value: the operation answered "not modified".
+    /// How a flight ended, as the observer hears it.
+    @usableFromInline enum FlightOutcome {
+        /// It succeeded with a new value.
+        case succeeded
+        /// It succeeded and kept the value: the operation answered "not modified".
         case notModified
+        /// It failed with `error`; its waiters get the error.
+        case failed(any Error)
+        /// It failed with `error`; its waiters get the last good value instead (fail-safe).
+        case failedSafe(any Error)
+        /// It was cancelled (by itself, or its attempt threw `CancellationError`).
+        case cancelled
     }
 
     /// What to do after ``softTimeoutPassed(_:now:)``.
@@ -301,23 +335,5 @@ extension FetchStateMachine {
     final class FlightBox {
         @usableFromInline var flight: Flight
         @inlinable init(_ flight: Flight) { self.flight = flight }
-    }
-}
-
-/// How old a value from a second level is, how long it stays fresh, and its version (see
-/// ``FetchStateMachine/Outcome/arrived(_:_:)``).
-@usableFromInline
-struct RemoteArrival: Sendable {
-    /// How long ago its source answered (not negative).
-    @usableFromInline var age: Duration
-    /// How much longer it is fresh (zero: it lands expired).
-    @usableFromInline var lifetime: Duration
-    /// The wall date its source answered on.
-    @usableFromInline var date: Date
-    /// Its version in the second level.
-    @usableFromInline var version: UInt64
-
-    @inlinable init(age: Duration, lifetime: Duration, date: Date, version: UInt64) {
-        (self.age, self.lifetime, self.date, self.version) = (age, lifetime, date, version)
     }
 }

@@ -115,24 +115,23 @@ final class SnapshotCell<Value: Sendable>: Sendable {
     /// The snapshot is moved in, not copied, and the one it replaces is returned, so that it is
     /// released after this lock and the store's: its value's deinit is user code, which may read
     /// the state (under this lock, that read would wait for it forever) or call it.
-    @inlinable func publish(
-        _ snapshot: consuming AsyncSnapshot<Value>, freshSince: Duration?, receivedAt: Duration?,
-        flightStart: (reason: AsyncStateEvent.Reason, hadValue: Bool)?, notifying: Bool = true
-    ) -> AsyncSnapshot<Value> {
+    @inlinable func publish(_ publication: consuming Publication<Value>, notifying: Bool = true)
+        -> AsyncSnapshot<Value>
+    {
         let subscribers = contents.withLock { contents -> [UInt64: AsyncStream<AsyncSnapshot<Value>>.Continuation] in
-            swap(&contents.snapshot, &snapshot)
-            contents.freshSince = freshSince
-            contents.receivedAt = receivedAt
-            contents.flightStart = flightStart
+            swap(&contents.snapshot, &publication.snapshot)
+            contents.freshSince = publication.freshSince
+            contents.receivedAt = publication.receivedAt
+            contents.flightStart = publication.flightStart
             return notifying ? contents.subscribers : [:]
         }
-        guard !subscribers.isEmpty else { return snapshot }
+        guard !subscribers.isEmpty else { return publication.snapshot }
         // Read again rather than copied out under the lock: only the store publishes, one transition
         // at a time, so this is still the snapshot just published.
         let published = contents.read { $0.pointee.snapshot }
         // `yield` never blocks and runs none of our code: a waiting consumer is resumed by enqueueing it.
         for continuation in subscribers.values { continuation.yield(published) }
-        return snapshot
+        return publication.snapshot
     }
 
     /// A new stream that starts with the current snapshot (expired or not at `now`). It leaves the
@@ -186,16 +185,4 @@ extension SnapshotCell.Contents: StripeReadable {
         current.isExpired = !isWithinExpiry(since: freshSince, at: now, expiry: expiry)
         return current
     }
-}
-
-/// Whether data that arrived fresh at `freshSince` is still fresh at `now`: less than `expiry` old.
-/// `nil` (never fetched, failed, invalidated) is never fresh; with an `expiry` of zero or less, only
-/// data whose own lifetime moved `freshSince` past `now` is (see
-/// ``StoreConfiguration/freshnessShift(of:)``). The one freshness test of the package: the machine, the hit path and `hasExpired(in:)`.
-/// In attoseconds (`Int128`, inlined): `Duration`'s own `-` and `<` are calls into the standard
-/// library, two on every hit. The subtraction traps on overflow as `Duration`'s does.
-@inlinable
-func isWithinExpiry(since freshSince: Duration?, at now: Duration, expiry: Duration) -> Bool {
-    guard let freshSince else { return false }
-    return now.attoseconds - freshSince.attoseconds < expiry.attoseconds
 }

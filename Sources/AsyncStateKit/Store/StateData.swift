@@ -3,11 +3,15 @@ public import Foundation
 /// What a state knows besides its flight: its value, the phase it settled in, when its data arrived
 /// fresh, and its metadata. One value type with the rules that change it, so that a state's machine
 /// (``FetchStateMachine``, whose idle state is this value) and a family's entry at rest (which keeps
-/// this value, packed; see ``FamilyShard``) follow the same rules by calling the same methods.
+/// this value, packed: ``Packed``) follow the same rules by calling the same methods.
 ///
 /// It never says `loading`: a flight is the machine's, and the machine's phase is `loading` exactly
 /// while it has one. ``phase`` is the phase the state settled in last, which a cancelled flight leaves
 /// as it was.
+///
+/// Every stored property is set by the one designated initializer, which has no default arguments,
+/// and none has a default value: a property added here does not compile until that initializer
+/// takes it, which breaks ``init(value:freshSince:packed:)`` until ``Packed`` keeps it too.
 @usableFromInline
 struct StateData<Value: Sendable> {
     /// The latest value: the initial one until a success or a write, then kept through later flights
@@ -26,10 +30,11 @@ struct StateData<Value: Sendable> {
     @usableFromInline var receivedAt: Duration?
     /// When the current failure settled, while it may still be answered from the negative cache.
     @usableFromInline var failedAt: Duration?
-    /// Until when restored data (see ``restore(_:isEmpty:lastSuccess:now:date:restoredFor:)``) is
-    /// answered at once under refresh ahead, stale, while one refetch runs; `nil` when the data was
-    /// not restored or newer data, an invalidation or a reset has come since.
-    @usableFromInline var restoredUntil: Duration?
+    /// When restored data (see ``restore(_:isEmpty:lastSuccess:now:date:restoredAt:)``) was
+    /// restored, while it is answered at once under refresh ahead, stale, for
+    /// ``StoreConfiguration/restoredWindow``; `nil` when the data was not restored or newer data, an
+    /// invalidation or a reset has come since.
+    @usableFromInline var restoredAt: Duration?
     /// Whether ``value`` came from a success or a write (not the initial value): stale-while-revalidate
     /// serves it, archives save it.
     @usableFromInline var hasValue: Bool
@@ -46,37 +51,38 @@ struct StateData<Value: Sendable> {
     @usableFromInline var successCount: Int
     /// The newest second-level version this data is known to be (see ``AsyncStateSecondLevel``): the
     /// version of the entry it came from, or of an invalidation that said a newer one exists; 0 for
-    /// none. It only grows: a value this replica fetched itself keeps it (that value is newer still).
-    @usableFromInline var version: UInt64 = 0
+    /// none. It only grows (``SecondLevelVersion``): a value this replica fetched itself keeps it
+    /// (that value is newer still).
+    @usableFromInline var version: UInt64
 
-    /// A state that has only its initial value.
-    @inlinable init(initialValue: Value) {
-        value = initialValue
-        phase = .initial
-        hasValue = false
-        valueIsEmpty = false
-        failureCount = 0
-        successCount = 0
-    }
-
-    /// Data at rest (see ``isAtRest``), from the fields a family's compact entry keeps.
+    /// The designated initializer: every field, no defaults (see the type's note).
     @inlinable
     init(
-        atRest value: Value, phase: AsyncPhase, freshSince: Duration?, receivedAt: Duration?, lastError: (any Error)?,
-        lastSuccess: Date?, successCount: Int, restoredUntil: Duration?, version: UInt64 = 0
+        value: Value, phase: AsyncPhase, freshSince: Duration?, receivedAt: Duration?, failedAt: Duration?,
+        restoredAt: Duration?, hasValue: Bool, valueIsEmpty: Bool, failureCount: Int, lastError: (any Error)?,
+        lastSuccess: Date?, successCount: Int, version: UInt64
     ) {
-        self.version = version
         self.value = value
         self.phase = phase
         self.freshSince = freshSince
         self.receivedAt = receivedAt
-        self.restoredUntil = restoredUntil
-        hasValue = true
-        valueIsEmpty = phase.kind == .empty
-        failureCount = 0
+        self.failedAt = failedAt
+        self.restoredAt = restoredAt
+        self.hasValue = hasValue
+        self.valueIsEmpty = valueIsEmpty
+        self.failureCount = failureCount
         self.lastError = lastError
         self.lastSuccess = lastSuccess
         self.successCount = successCount
+        self.version = version
+    }
+
+    /// A state that has only its initial value.
+    @inlinable init(initialValue: Value) {
+        self.init(
+            value: initialValue, phase: .initial, freshSince: nil, receivedAt: nil, failedAt: nil, restoredAt: nil,
+            hasValue: false, valueIsEmpty: false, failureCount: 0, lastError: nil, lastSuccess: nil, successCount: 0,
+            version: 0)
     }
 
     /// Whether this is all a state needs to keep while nobody uses it: a value that succeeded (or was
@@ -109,17 +115,14 @@ struct StateData<Value: Sendable> {
             hasValue: hasValue)
     }
 
-    /// The snapshot at `now` of data at rest with these fields (see ``init(atRest:phase:freshSince:lastError:lastSuccess:successCount:restoredUntil:)``),
-    /// as ``snapshot(at:expiry:isLoading:)`` makes it: for a family's compact entry, whose fields are
-    /// packed, without unpacking them into a whole value first (a hit's snapshot is made this way).
-    @inlinable
-    static func snapshot(
-        atRest value: Value, phase: AsyncPhase, freshSince: Duration?, lastError: (any Error)?, lastSuccess: Date?,
-        successCount: Int, at now: Duration, expiry: Duration
-    ) -> AsyncSnapshot<Value> {
-        AsyncSnapshot(
-            value: value, phase: phase, isExpired: !isWithinExpiry(since: freshSince, at: now, expiry: expiry),
-            failureCount: 0, lastError: lastError, lastSuccess: lastSuccess, successCount: successCount, hasValue: true)
+    /// The last good value, if fail-safe may answer it instead of a failure at `now`: there is one,
+    /// and it arrived less than `maxStaleAge` ago (not at it: the age is the maximum then) — by the
+    /// one freshness test, with the maximum stale age as the expiry of the value's arrival.
+    @inlinable func failSafeValue(at now: Duration, maxStaleAge: Duration?) -> Value? {
+        guard let maxStaleAge, hasValue, isWithinExpiry(since: receivedAt, at: now, expiry: maxStaleAge) else {
+            return nil
+        }
+        return value
     }
 
     // MARK: Changes
@@ -143,7 +146,7 @@ struct StateData<Value: Sendable> {
         valueIsEmpty = isEmpty
         phase = isEmpty ? .empty : .success(date)
         failedAt = nil
-        restoredUntil = nil
+        restoredAt = nil
     }
 
     /// A fetch succeeded with `newValue` (empty by `isEmpty`) at `now`, on `date`. The value is as
@@ -151,11 +154,11 @@ struct StateData<Value: Sendable> {
     /// `age`: how long before `now` the value's source answered (a value another replica fetched),
     /// which fail-safe's maximum stale age counts; `version`: its second-level version, if it has one.
     @inlinable mutating func succeed(
-        _ newValue: Value, isEmpty: Bool, now: Duration, date: Date, freshness: Freshness, age: Duration = .zero,
-        version: UInt64 = 0
+        _ newValue: Value, isEmpty: Bool, now: Duration, date: Date, freshness: Freshness, age: Duration,
+        version: UInt64
     ) {
         receive(newValue, isEmpty: isEmpty, date: date)
-        self.version = max(self.version, version)
+        self.version = SecondLevelVersion.merged(version, known: self.version)
         let arrived = age > .zero ? now.saturatingAdd(.zero - age) : now
         switch freshness {
         case .from(let instant, let shift): (freshSince, receivedAt) = (instant.saturatingAdd(shift), arrived)
@@ -192,13 +195,13 @@ struct StateData<Value: Sendable> {
     }
 
     /// An invalidation, which may name the second-level version it makes current: one naming a
-    /// version is ignored (`nil`) when this data is that version or newer already; otherwise (and
-    /// always without a version) ``invalidate(now:expiry:)``, and the data knows the version exists
-    /// (a load then takes no older entry). The one rule for a state's machine and a family's
-    /// compact entry.
+    /// version is ignored (`nil`) unless it makes this data older (``SecondLevelVersion``);
+    /// otherwise (and always without a version) ``invalidate(now:expiry:)``, and the data knows the
+    /// version exists (a load then takes no older entry). The one rule for a state's machine and a
+    /// family's compact entry.
     @inlinable mutating func invalidate(now: Duration, expiry: Duration, version: UInt64?) -> Bool? {
         if let version {
-            guard version > self.version else { return nil }
+            guard SecondLevelVersion.invalidates(version, known: self.version) else { return nil }
             self.version = version
         }
         return invalidate(now: now, expiry: expiry)
@@ -211,21 +214,21 @@ struct StateData<Value: Sendable> {
         let visible = isFresh(at: now, expiry: expiry)
         freshSince = nil
         failedAt = nil
-        restoredUntil = nil
+        restoredAt = nil
         return visible
     }
 
     /// A warm restart: `newValue` as expired data (see ``FetchStateMachine/restore(_:isEmpty:lastSuccess:now:date:)``),
-    /// answered at once until `restoredUntil` (under refresh ahead), or never (`nil`). Its age is its
+    /// answered at once from `restoredAt` (under refresh ahead), or never (`nil`). Its age is its
     /// last success's, on the wall clock at `date` (`now` on the state's clock): none without a date.
     @inlinable mutating func restore(
-        _ newValue: Value, isEmpty: Bool, lastSuccess: Date?, now: Duration, date: Date, restoredUntil: Duration?
+        _ newValue: Value, isEmpty: Bool, lastSuccess: Date?, now: Duration, date: Date, restoredAt: Duration?
     ) {
         receive(newValue, isEmpty: isEmpty, date: lastSuccess ?? date)
         self.lastSuccess = lastSuccess
         receivedAt = lastSuccess.flatMap { Self.instant(aged: date.timeIntervalSince($0), at: now) }
         freshSince = nil
-        self.restoredUntil = restoredUntil
+        self.restoredAt = restoredAt
         failureCount = 0
     }
 
@@ -236,13 +239,6 @@ struct StateData<Value: Sendable> {
         let limit = AsyncStateLimits.maximumDuration
         let seconds = min(max(age, 0), Double(limit.components.seconds))
         return now.saturatingAdd(.zero - .seconds(seconds))
-    }
-
-    /// The last good value, if fail-safe may answer it instead of a failure at `now`: there is one,
-    /// and it arrived less than `maxStaleAge` ago (not at it: the age is the maximum then).
-    @inlinable func failSafeValue(at now: Duration, maxStaleAge: Duration?) -> Value? {
-        guard let maxStaleAge, hasValue, let receivedAt, now - receivedAt < maxStaleAge else { return nil }
-        return value
     }
 
     /// What a warm restart saves: the value, whether it is empty — as the phase said when it arrived,

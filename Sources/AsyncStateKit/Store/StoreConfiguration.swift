@@ -47,6 +47,11 @@ struct StoreConfiguration<Value: Sendable>: Sendable {
     /// The one definition of the hit window, for the machine, the states' cells and the families.
     @inlinable var hitWindow: Duration { refreshAfter ?? expiry }
 
+    /// How long restored data is answered at once under refresh ahead, stale, while one refetch runs:
+    /// as long as fresh data would be before its refresh (`expiry − refreshAfter`); zero without
+    /// refresh ahead (restored data is then refetched before it is served).
+    @inlinable var restoredWindow: Duration { refreshAfter.map { expiry - $0 } ?? .zero }
+
     /// How a `Value` tells its own lifetime: through ``AsyncStateExpiring`` if it conforms, else `nil`
     /// (the conformance is tested once, here, not on every arrival).
     @inlinable static var ownLifetime: (@Sendable (Value) -> Duration?)? {
