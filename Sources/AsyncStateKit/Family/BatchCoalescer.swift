@@ -44,10 +44,10 @@ final class BatchCoalescer<Key: Hashable & Sendable, Value: Sendable>: Sendable 
     private let open = LockedValue<Open?>(nil)
     private let clock: StoreClock
     /// The family's observer, with its name (`nil` without one).
-    private let observer: (name: String, observer: any AsyncStateObserver)?
+    private let observer: Observation?
 
     @usableFromInline
-    init(clock: StoreClock, observer: (name: String, observer: any AsyncStateObserver)?) {
+    init(clock: StoreClock, observer: Observation?) {
         self.clock = clock
         self.observer = observer
     }

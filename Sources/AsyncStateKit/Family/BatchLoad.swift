@@ -32,20 +32,19 @@ final class BatchLoad<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     private let state = LockedValue(State())
     /// The family's observer and the batch's own fetch, which its events report (`nil` without an
     /// observer).
-    private let observation: (name: String, observer: any AsyncStateObserver, fetch: AsyncStateFetch)?
+    private let observation: (observer: Observation, fetch: AsyncStateFetch)?
 
-    /// A batch running `operation`; `observer` (with the family's name) hears of it, as a fetch of its
-    /// own.
+    /// A batch running `operation`; `observer` (the family's) hears of it, as a fetch of its own.
     @usableFromInline
-    init(operation: @escaping Operation, observer: (name: String, observer: any AsyncStateObserver)? = nil) {
+    init(operation: @escaping Operation, observer: Observation? = nil) {
         self.operation = operation
-        observation = observer.map { ($0.name, $0.observer, AsyncStateFetch(reason: .fetch)) }
+        observation = observer.map { ($0, AsyncStateFetch(reason: .fetch)) }
     }
 
     /// Reports `kind` about this batch to the observer, if there is one.
     private func report(_ kind: AsyncStateEvent.Kind) {
         guard let observation else { return }
-        observation.observer.observe(AsyncStateEvent(name: observation.name, kind: kind, fetch: observation.fetch))
+        observation.observer.deliver(kind, fetch: observation.fetch)
     }
 
     /// Starts the batch for `keys` (the keys whose flights this batch call started). `attempts` mark
@@ -57,7 +56,7 @@ final class BatchLoad<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     func start(
         _ keys: [Key], attempts: [UInt64], fetches: [AsyncStateFetch], executor: (any TaskExecutor)?
     ) {
-        let marked = OperationContext.running + attempts
+        let marked = OperationContext.marks(adding: attempts)
         report(.batchStarted(fetches))
         let task = Task(executorPreference: executor) { [self, operation] in
             let outcome: Result<[Key: Value], any Error>

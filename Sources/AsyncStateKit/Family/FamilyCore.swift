@@ -38,8 +38,9 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @usableFromInline let ledger: WeightLedger?
     @usableFromInline let idleExpiry: Duration?
     @usableFromInline let onRemoval: OnRemoval?
-    /// The family's name and observer; each entry reports with its key.
-    @usableFromInline let observer: (name: String, observer: any AsyncStateObserver)?
+    /// The family's observer, reporting as the family (each entry reports with its key: see
+    /// ``observation(of:)``).
+    @usableFromInline let observer: Observation?
     /// Whether there is an observer: all the hit path reads without one.
     @usableFromInline let isObserved: Bool
     /// The number of entries, across shards (changed under a shard's lock, read anywhere).
@@ -72,7 +73,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         name: String = "", observer: (any AsyncStateObserver)? = nil,
         tagger: (@Sendable (Key, Value) -> [String])? = nil, secondLevel: AsyncStateSecondLevelOptions<Value>? = nil
     ) {
-        self.observer = observer.map { (name, $0) }
+        self.observer = observer.map { Observation(name: name, key: nil, observer: $0) }
         self.secondLevel = secondLevel.map { options in
             SecondLevelLoader(options: options, clock: clock) { value in
                 configuration.lifetime(of: value)
@@ -236,8 +237,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// (``AsyncStateStore/observeHit()``): the event would be part of every caller's async frame.
     @inlinable @inline(never)
     func observeHit(of key: Key) {
-        guard let observer else { return }
-        observer.observer.observe(AsyncStateEvent(name: observer.name, describing: key, kind: .hit))
+        observer?.deliver(.hit, describing: key)
     }
 
     /// How `key`'s store reports, if the family has an observer.
@@ -245,7 +245,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
         // `isObserved` first: reading `observer` copies an optional existential, a cost every miss
         // paid without an observer.
         guard isObserved else { return nil }
-        return observer.map { Observation(name: $0.name, key: String(describing: key), observer: $0.observer) }
+        return observer?.entry(key)
     }
 
     // MARK: Using an entry
@@ -435,23 +435,14 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
             for key in compact { reportInvalidated(key) }
             count += compact.count + live.count
         }
-        if let observer {
-            observer.observer.observe(
-                AsyncStateEvent(
-                    name: observer.name, key: nil, kind: .invalidatedTag(tag, entries: count),
-                    callerContext: observer.observer.callerContext(), invalidation: InvalidationCause.current))
-        }
+        observer?.deliverByCaller(.invalidatedTag(tag, entries: count))
         return count
     }
 
     /// Reports to the observer that a compact entry's data was invalidated (a live entry's store
     /// reports its own).
     @inlinable func reportInvalidated(_ key: Key) {
-        guard let observer else { return }
-        observer.observer.observe(
-            AsyncStateEvent(
-                name: observer.name, describing: key, kind: .invalidated,
-                callerContext: observer.observer.callerContext(), invalidation: InvalidationCause.current))
+        observer?.deliver(.invalidated, describing: key, byCaller: true)
     }
 
     /// Cancels `key`'s fetch in flight, if it has one (only a live entry may).
@@ -507,11 +498,7 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     @inlinable func report(_ removed: some Sequence<Shard.Removed>) {
         for entry in removed {
             onRemoval?(entry.key, entry.value, entry.reason)
-            if let observer {
-                observer.observer.observe(
-                    AsyncStateEvent(
-                        name: observer.name, describing: entry.key, kind: .removed(entry.reason)))
-            }
+            observer?.deliver(.removed(entry.reason), describing: entry.key)
         }
     }
 

@@ -192,14 +192,14 @@ public final class AsyncStateInvalidator: Sendable {
                 guard let family = core.value, let secondLevel = family.secondLevel else { return nil }
                 switch target {
                 case .key(let key):
-                    // Named as the family's loads name it: the description of the key the message
-                    // parses to (`"007"` is key 7), or the message's key when it names none.
-                    let matches = keys(key, family).map { String(describing: $0) }
+                    // Named as the family's loads name it (``SecondLevelLoader/key(of:)``): the key
+                    // the message parses to (`"007"` is key 7), or the message's key when it names none.
+                    let matches = keys(key, family).map(secondLevel.key(of:))
                     var versions: [UInt64?] = []
-                    for description in Set(matches.isEmpty ? [key] : matches) {
-                        versions.append(await secondLevel.invalidate(secondLevel.key(for: description)))
+                    for name in Set(matches.isEmpty ? [secondLevel.key(for: key)] : matches) {
+                        versions.append(await secondLevel.invalidate(name))
                     }
-                    return versions.count == 1 ? versions[0] : nil
+                    return SecondLevelVersion.single(of: versions)
                 case .tag, .all:
                     // The second level knows no tags: every entry of the family goes stale there.
                     _ = await secondLevel.invalidateAll()
@@ -249,7 +249,7 @@ public final class AsyncStateInvalidator: Sendable {
             guard let invalidateSecondLevel = subscriber.invalidateSecondLevel else { continue }
             versions.append(await invalidateSecondLevel(target))
         }
-        return versions.count == 1 ? versions[0] : nil
+        return SecondLevelVersion.single(of: versions)
     }
 
     /// Invalidates the entries carrying `tag` in the families subscribed to `topic` (see

@@ -1,8 +1,8 @@
 import Foundation
 
-/// What a store's observer hears, and in which order: every event a store reports is built here, from
-/// what the machine's actions carry (the family's own events and a batch's are built by
-/// ``Observation``, the one other place). Events are recorded under the store's lock, so their order
+/// What a store's observer hears, and in which order: every event a store reports is recorded here,
+/// from what the machine's actions carry, and built by ``Observation`` (as a family's own events and a
+/// batch's are). Events are recorded under the store's lock, so their order
 /// is the order the machine decided them in, and delivered once it is released (see
 /// ``withCore(byCaller:_:)``).
 extension AsyncStateStore {
@@ -16,8 +16,8 @@ extension AsyncStateStore {
         guard let events else { return }
         // Named and keyed when delivered (``Observation/deliver(recorded:)``).
         effects.events.append(
-            AsyncStateEvent(
-                name: "", kind: kind(), fetch: aboutFetch ? events.currentFetch : nil,
+            Observation.recorded(
+                kind(), fetch: aboutFetch ? events.currentFetch : nil,
                 waiter: waiter.map { AsyncStateEvent.Waiter(state: ObjectIdentifier(self), number: $0) },
                 callerContext: effects.callerContext, invalidation: effects.invalidation))
     }
