@@ -266,51 +266,6 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
             operation: operation)
     }
 
-    /// Answers `value` now, reported as `answer`, and starts a background flight of `kind` to refresh
-    /// it — unless a flight runs, a failed one is within the failure expiry, the caller is that
-    /// refresh's own operation, or too many abandoned operations still run: the one rule of "answer
-    /// now, refresh behind it" (a refresh ahead, restored data, stale-while-revalidate).
-    @inlinable
-    mutating func answer(
-        _ value: Value, _ answer: Answer, refreshing kind: FlightKind, now: Duration, policy: RetryPolicy?,
-        operation: Operation, callerAttempts: [AttemptID]
-    ) -> FetchAction {
-        guard flightBox == nil, cachedFailure(at: now) == nil, !isReentrant(callerAttempts),
-            let attempt = begin(
-                waiter: nil, operation: operation, now: now, policy: policy, kind: kind, reason: .background,
-                readsTheSource: false)
-        else { return .answer(value, answer, refresh: nil) }
-        return .answer(value, answer, refresh: attempt)
-    }
-
-    /// Starts a new flight that the caller waits for; `refresh` (`.always`) takes over the old one's
-    /// waiters, whose result will be dropped. An append to data the state has (`loadMore`) is the one
-    /// place a flight is decided to be an append: it keeps the data's freshness and is reported as
-    /// ``Reason/loadMore``; before the first page it is a first read like any other.
-    @inlinable
-    mutating func start(
-        waiter: WaiterID, mode: FetchMode, reason: Reason, readsTheSource: Bool, now: Duration, policy: RetryPolicy?,
-        operation: Operation
-    ) -> FetchAction {
-        let appends = mode == .append && data.hasValue
-        let replaced = flightBox?.flight.handles
-        guard
-            let attempt = begin(
-                waiter: waiter, operation: operation, now: now, policy: policy,
-                kind: appends ? .append : .foreground, reason: appends ? .loadMore : reason,
-                readsTheSource: readsTheSource)
-        else { return .fail(AsyncStateError.tooManyAbandonedOperations(limit: AsyncStateLimits.abandonedOperations)) }
-        waits(waiter, patiently: !mode.isReader)
-        return .start(attempt, replaced: replaced)
-    }
-
-    /// Marks `waiter` as one the soft timeout does not release if it waits `patiently` (see
-    /// ``FetchMode/isReader``).
-    @inlinable mutating func waits(_ waiter: WaiterID, patiently: Bool) {
-        guard patiently, configuration.softTimeout != nil else { return }
-        mutateFlight { $0.patientWaiters.insert(waiter) }
-    }
-
     /// A caller asks to retry: while a flight waits out a backoff, its next attempt starts now;
     /// otherwise, when the phase is failure or empty, a new flight runs `operation` (if given),
     /// bypassing the failure expiry. A retry asks for new data: it waits past a soft timeout.
