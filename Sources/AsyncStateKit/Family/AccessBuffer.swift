@@ -123,26 +123,13 @@ struct AccessBuffer: StripeLocalStorage {
             for index in 0..<held { body(accesses[index]) }
         }
     }
-}
 
-extension FamilyShard: StripeReadable {
-    @usableFromInline typealias StripeLocal = AccessBuffer
-
-    /// Notes the hits that readers on one stripe answered (see ``AccessBuffer``), in order, as hits
-    /// answered under the shard's lock are (``noteHit(_:hash:at:in:)``): in the policy and the last
-    /// accesses, which readers never read (a hit's look-up reads the table, the entries' cells and
-    /// the compact entries' metadata), so this may run while readers hold the shard's other stripes.
-    /// The buffer samples from now on if the fold shows processors contending for the shard
-    /// (``AccessBuffer/isSampling``).
+    /// Whether this buffer, folded in now, shows processors contending for its shard (see the type's
+    /// documentation): the buffer folded in before it, with hits, was another stripe's
+    /// (`previousStripe`, -1 for none), and that one's newest hit (`previousNewest`) was less than
+    /// ``contendedGap`` before this one's. The one rule of when a buffer samples.
     @inlinable
-    static func absorb(_ local: inout AccessBuffer, into shard: UnsafeMutablePointer<Self>) {
-        guard local.count > 0 else { return }
-        let (previous, newest) = (shard.pointee.lastAbsorbedStripe, local.newestAccess())
-        local.isSampling =
-            previous >= 0 && previous != local.stripe
-            && newest - shard.pointee.lastAbsorbedAt < AccessBuffer.contendedGap
-        shard.pointee.lastAbsorbedStripe = local.stripe
-        shard.pointee.lastAbsorbedAt = newest
-        local.drain { access in noteHit(access.slot, hash: access.hash, at: access.at, in: shard) }
+    mutating func showsContention(previousStripe: Int32, previousNewest: Duration) -> Bool {
+        previousStripe >= 0 && previousStripe != stripe && newestAccess() - previousNewest < Self.contendedGap
     }
 }

@@ -160,3 +160,23 @@ extension FamilyShard {
         }
     }
 }
+
+extension FamilyShard: StripeReadable {
+    @usableFromInline typealias StripeLocal = AccessBuffer
+
+    /// Notes the hits that readers on one stripe answered (see ``AccessBuffer``), in order, as hits
+    /// answered under the shard's lock are (``noteHit(_:hash:at:in:)``): in the policy and the last
+    /// accesses, which readers never read (a hit's look-up reads the table, the entries' cells and
+    /// the compact entries' metadata), so this may run while readers hold the shard's other stripes.
+    /// The buffer samples from now on if the fold shows processors contending for the shard
+    /// (``AccessBuffer/isSampling``).
+    @inlinable
+    static func absorb(_ local: inout AccessBuffer, into shard: UnsafeMutablePointer<Self>) {
+        guard local.count > 0 else { return }
+        local.isSampling = local.showsContention(
+            previousStripe: shard.pointee.lastAbsorbedStripe, previousNewest: shard.pointee.lastAbsorbedAt)
+        shard.pointee.lastAbsorbedStripe = local.stripe
+        shard.pointee.lastAbsorbedAt = local.newestAccess()
+        local.drain { access in noteHit(access.slot, hash: access.hash, at: access.at, in: shard) }
+    }
+}
