@@ -27,10 +27,14 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// ``withHitShard(_:_:)``).
     @usableFromInline let unretainedShards: UnretainedShards
     @usableFromInline let shardMask: Int
-    @usableFromInline let configuration: StoreConfiguration<Value?>
+    /// Whether there is an observer: all the hit path reads without one. The fields a hit reads come
+    /// first, together (placed after the observer, which grew by a key, this one cost a 1,000-key
+    /// hit 2 ns in `HitLoop family 1000`, 50 against 48 ns).
+    @usableFromInline let isObserved: Bool
     @usableFromInline let clock: StoreClock
     /// How long a hit is answered from the shard (see ``StoreConfiguration/hitWindow``).
     @usableFromInline let hitWindow: Duration
+    @usableFromInline let configuration: StoreConfiguration<Value?>
     /// How long data stays fresh (for snapshots).
     @usableFromInline let expiry: Duration
     @usableFromInline let capacity: Int
@@ -41,8 +45,6 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
     /// The family's observer, reporting as the family (each entry reports with its key: see
     /// ``observation(of:)``).
     @usableFromInline let observer: Observation?
-    /// Whether there is an observer: all the hit path reads without one.
-    @usableFromInline let isObserved: Bool
     /// The number of entries, across shards (changed under a shard's lock, read anywhere).
     @usableFromInline let population = Atomic<Int>(0)
     /// Seeds for the stores' retry jitter (a random seed per store would cost a system call each).
