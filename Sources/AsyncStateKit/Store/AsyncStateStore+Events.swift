@@ -41,7 +41,7 @@ extension AsyncStateStore {
     }
 
     /// Records each of waiters `ids`, in the order they arrived, as `kind` about the fetch in flight.
-    @inlinable
+    @inlinable @inline(__always)
     func recordEach(_ ids: WaiterIDs, _ kind: @autoclosure () -> AsyncStateEvent.Kind, in effects: inout Effects) {
         guard events != nil else { return }
         let kind = kind()
@@ -50,7 +50,7 @@ extension AsyncStateStore {
 
     /// Records a caller answered at once (see ``FetchStateMachine/Answer``): a hit, a stale serve, or
     /// a fail-safe answer; a paged state's list at its end is not reported.
-    @inlinable
+    @inlinable @inline(__always)
     func record(answered answer: Machine.Answer, in effects: inout Effects) {
         switch answer {
         case .fresh: record(.hit, in: &effects)
@@ -63,7 +63,7 @@ extension AsyncStateStore {
     /// Records an attempt that starts: the first of a flight as the flight's start, with its reason
     /// (`waiter`: the caller that started it and waits for it, if any); a later one that a caller
     /// starts now (a retry during a backoff) as that caller joining it.
-    @inlinable
+    @inlinable @inline(__always)
     func record(starting reason: AsyncStateEvent.Reason?, waiter: Machine.WaiterID?, in effects: inout Effects) {
         guard let events else { return }
         if let reason {
@@ -76,7 +76,7 @@ extension AsyncStateStore {
 
     /// Records a flight's settle: its outcome (with its duration and attempts), then, for a fail-safe
     /// answer, each waiter it answers that way, as each caller that joins is.
-    @inlinable
+    @inlinable @inline(__always)
     func record(
         settled outcome: Machine.FlightOutcome, report: Machine.FlightReport, waiters ids: WaiterIDs,
         in effects: inout Effects

@@ -137,7 +137,9 @@ extension AsyncStateStore {
     /// released after the store's lock: it may hold the last reference to a value or an error, and
     /// their deinits are user code, which may call the state — a family's `invalidate`, `set` or
     /// `remove` of the same key takes this lock.
-    @inlinable func publish(_ publication: Publication<Value>, notifying: Bool = true, in effects: inout Effects) {
+    @inlinable func publish(
+        _ publication: consuming Publication<Value>, notifying: Bool = true, in effects: inout Effects
+    ) {
         effects.replaced.append(cell.publish(publication, notifying: notifying))
     }
 
@@ -158,10 +160,7 @@ extension AsyncStateStore {
             // With a timeout the attempt starts on a thread of its own, as any task does (it is
             // enqueued here and runs once a thread takes it, before its timer), so that the timeout
             // bounds the wait even for an operation that blocks its thread and never suspends.
-            let (marked, operation, input) = (OperationContext.marks(adding: id), attempt.operation, attempt.input)
-            let task = Task(executorPreference: clock.executor) { [self] in
-                await run(operation, input: input, marked: marked, flight: flight, id: id)
-            }
+            let task = task(for: attempt, immediate: false)
             // A timer whose sleep throws without being cancelled cannot keep its promise to end the
             // wait at the deadline, so it ends it now.
             let timer = schedule(at: deadline) { store, _ in store.attemptTimedOut(flight, id) }

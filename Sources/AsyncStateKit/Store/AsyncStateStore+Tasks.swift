@@ -89,31 +89,57 @@ extension AsyncStateStore {
     /// ``start(_:at:in:_:)``.)
     @inlinable
     func launchAndAttach(_ attempt: Machine.Attempt) {
-        // The body is a literal here, not a closure made elsewhere and passed: passed, it is wrapped
-        // again to become the task's operation (two more allocations per attempt).
-        let (operation, input, flight, id) = (attempt.operation, attempt.input, attempt.flight, attempt.id)
-        let marked = OperationContext.marks(adding: id)
-        let task = Task.immediate(executorPreference: clock.executor) { [self] in
-            await run(operation, input: input, marked: marked, flight: flight, id: id)
-        }
+        let task = task(for: attempt, immediate: true)
         let attached = core.withLock { $0.machine.attach(task: task, toAttempt: attempt.id) }
         if !attached { task.cancel() }
     }
 
-    /// The body of an attempt's task: runs the operation with the attempt's `input`, marked
-    /// (``OperationContext/marks(adding:)-(UInt64)``) as this attempt for the reentrancy check,
-    /// and reports how it ended as the machine's typed outcome — always, whatever it threw, so the
-    /// machine sees every end. Always inlined into the task's closure, so that it adds no frame to
-    /// the task.
+    /// The task that runs `attempt`: started at once on the caller's thread if `immediate` (see
+    /// ``launchAndAttach(_:)``), else enqueued as any task is. Its body is a literal here, not a
+    /// closure made elsewhere and passed: passed, it is wrapped again to become the task's operation
+    /// (two more allocations per attempt). A plain operation's task captures no input: its context
+    /// stays within the 128 bytes it took before attempts carried one (past them, a miss's frees moved
+    /// to a larger size class, and the heap trimmed and faulted pages back in five times as often:
+    /// `HitLoop miss-fresh`, 2,000–3,000 page faults against 11,000–12,000).
+    @inlinable @inline(__always)
+    func task(for attempt: Machine.Attempt, immediate: Bool) -> Task<Void, Never> {
+        let (flight, id, executor) = (attempt.flight, attempt.id, clock.executor)
+        let marked = OperationContext.marks(adding: id)
+        switch attempt.operation {
+        case .plain(let operation):
+            if immediate {
+                return Task.immediate(executorPreference: executor) { [self] in
+                    await run(marked: marked, flight: flight, id: id) { .success(try await operation()) }
+                }
+            }
+            return Task(executorPreference: executor) { [self] in
+                await run(marked: marked, flight: flight, id: id) { .success(try await operation()) }
+            }
+        case .reading(let operation):
+            let input = attempt.input
+            if immediate {
+                return Task.immediate(executorPreference: executor) { [self] in
+                    await run(marked: marked, flight: flight, id: id) { Machine.Outcome(try await operation(input)) }
+                }
+            }
+            return Task(executorPreference: executor) { [self] in
+                await run(marked: marked, flight: flight, id: id) { Machine.Outcome(try await operation(input)) }
+            }
+        }
+    }
+
+    /// The body of an attempt's task: runs `operation`, marked (``OperationContext/marks(adding:)-(UInt64)``)
+    /// as this attempt for the reentrancy check, and reports how it ended as the machine's typed
+    /// outcome — always, whatever it threw, so the machine sees every end. Always inlined into the
+    /// task's closure, so that it adds no frame to the task.
     @inlinable @inline(__always)
     func run(
-        _ operation: Operation, input: AttemptInput<Value>, marked: [UInt64], flight: Machine.FlightID,
-        id: Machine.AttemptID
+        marked: [UInt64], flight: Machine.FlightID, id: Machine.AttemptID,
+        _ operation: () async throws -> Machine.Outcome
     ) async {
         let outcome: Machine.Outcome
         do {
-            outcome = Machine.Outcome(
-                try await OperationContext.runningLocal.withValue(marked) { try await operation.run(with: input) })
+            outcome = try await OperationContext.runningLocal.withValue(marked) { try await operation() }
         } catch is CancellationError {
             outcome = .cancelled
         } catch {
