@@ -301,7 +301,8 @@ extension FamilyShard {
             guard let found = Self.freshValue(in: shard, of: key, hash: hash, at: now, hitWindow: hitWindow) else {
                 return nil
             }
-            Self.noteHit(found.slot, hash: hash, at: now, in: shard)
+            let position = Int(found.position)
+            Self.noteHit(shard.pointee.table.records[position].slot, position: position, hash: hash, at: now, in: shard)
             return found.result
         }
     }

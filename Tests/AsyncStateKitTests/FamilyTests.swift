@@ -170,6 +170,24 @@ final class RemovalLog: Sendable {
         #expect(source.keys.count - loadsBefore <= 5)  // the hot set is served from memory
     }
 
+    /// A one-time scan of ten times the capacity, after a hot set of half the capacity was used four
+    /// times, costs at most a tenth of the hot set — in one shard, and across four.
+    @Test(arguments: [100, 2_000])
+    func aScanOfTenTimesTheCapacityCostsAtMostATenthOfTheHotSet(capacity: Int) async throws {
+        let clock = VirtualClock()
+        let source = KeyedSource(clock: clock, duration: .zero)
+        let family = AsyncStateFamily<Int, Int>(capacity: capacity, clock: clock)
+        let hot = Array(0..<(capacity / 2))
+        for _ in 0..<4 {
+            for key in hot { _ = try await family.value(for: key, source.operation) }
+        }
+        let scan = 1_000_000..<(1_000_000 + 10 * capacity)
+        for key in scan { _ = try await family.value(for: key, source.operation) }
+        #expect(family.count == capacity)
+        let lost = hot.filter { family[$0] == nil }.count
+        #expect(lost * 10 <= hot.count, "the scan evicted \(lost) of \(hot.count) hot keys")
+    }
+
     @Test func evictionNeverDropsAnEntryWithAFetchInFlight() async throws {
         let clock = VirtualClock()
         let source = KeyedSource(clock: clock, duration: .seconds(10))

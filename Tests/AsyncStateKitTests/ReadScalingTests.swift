@@ -376,7 +376,7 @@ import Testing
             let slots = keys.map { key in
                 FamilyShard.freshValue(
                     in: UnsafePointer(shard), of: key, hash: key.hashValue, at: .zero, hitWindow: .seconds(3_600)
-                )?.slot ?? -1
+                ).map { shard.pointee.table.records[Int($0.position)].slot } ?? -1
             }
             #expect(!slots.contains(-1))
             /// Offers `hits` hits on the keys in turn at `instant`, and returns the slots noted.

@@ -163,22 +163,29 @@ final class FamilyCore<Key: Hashable & Sendable, Value: Sendable>: Sendable {
 
     /// The hit path of every read of the family that answers fresh data at once (`value(for:)`,
     /// `fetch(for:)`, `snapshot(for:)`, a batch's keys): `find` on `key`'s shard with the key's hash,
-    /// which changes nothing and gives the entry's slot and the answer, if any (see
+    /// which changes nothing and gives the entry's record position and the answer, if any (see
     /// ``FamilyShard/lookUp(in:_:hash:at:hitWindow:live:)``). The access at `now` is noted on the
-    /// entry's slot (``FamilyShard/noteHit(_:hash:at:in:)``) at once by a reader that holds the
+    /// entry's slot (``FamilyShard/noteHit(_:position:hash:at:in:)``) at once by a reader that holds the
     /// shard's mutex, or, once the shard's lock has spread, in the reader's stripe's ``AccessBuffer``.
     /// An answer is reported to the observer as a hit.
     @inlinable @inline(__always)
     func hit<Result>(
-        _ key: Key, at now: Duration, _ find: (UnsafePointer<Shard>, Int) -> (slot: Int32, result: Result?)?
+        _ key: Key, at now: Duration,
+        _ find: (UnsafePointer<Shard>, Int) -> (position: Int32, result: Result?)?
     ) -> Result? {
         let hash = key.hashValue
         let fresh = withHitShard(hash) { shard, access -> Result? in
+            // The record's position, not the entry's slot, comes back with the answer (the slot is read
+            // here, from the record the look-up just read): a pair of it and the answer, as the slot
+            // was; a larger tuple holding a generic snapshot was copied through the runtime's generic
+            // witnesses, and a snapshot hit took half as long again.
             guard let found = find(shard, hash) else { return nil }
+            let position = Int(found.position)
+            let slot = shard.pointee.table.records[position].slot
             switch access {
-            case .exclusive(let shard): Shard.noteHit(found.slot, hash: hash, at: now, in: shard)
+            case .exclusive(let shard): Shard.noteHit(slot, position: position, hash: hash, at: now, in: shard)
             case .shared(let accesses):
-                accesses.pointee.append(found.slot, hash: hash, at: now, lossless: shard.pointee.tracksIdle)
+                accesses.pointee.append(slot, hash: hash, at: now, lossless: shard.pointee.tracksIdle)
             }
             return found.result
         }

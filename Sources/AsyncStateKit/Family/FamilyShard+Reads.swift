@@ -26,7 +26,7 @@ extension FamilyShard {
     static func lookUp<Result>(
         in shard: UnsafePointer<Self>, _ key: Key, hash: Int, at now: Duration, hitWindow: Duration,
         live: (SnapshotCell<Value?>.Contents) -> Result
-    ) -> (slot: Int32, hit: Hit<Result>)? {
+    ) -> (slot: Int32, position: Int, hit: Hit<Result>)? {
         guard let position = shard.pointee.table.position(of: key, hash: hash) else { return nil }
         // Each field is read on its own, straight from the records: a read through a closure that
         // calls out of line (the freshness test, say) retains the records' storage around the call,
@@ -35,25 +35,26 @@ extension FamilyShard {
         if let store = shard.pointee.table.records[position].store,
             let answer = store.cell.read(ifFreshAt: now, live)
         {
-            return (slot, .live(answer))
+            return (slot, position, .live(answer))
         }
         let freshness = shard.pointee.table.records[position].freshness
-        guard isWithinExpiry(since: freshness, at: now, expiry: hitWindow) else { return (slot, .live(nil)) }
-        return (slot, .compact(position: position))
+        guard isWithinExpiry(since: freshness, at: now, expiry: hitWindow) else { return (slot, position, .live(nil)) }
+        return (slot, position, .compact(position: position))
     }
 
     /// `key`'s slot, and its value if its data is fresh at `now` and within `hitWindow` (see
     /// ``lookUp(in:_:hash:at:hitWindow:live:)``).
     @inlinable @inline(__always)
     static func freshValue(in shard: UnsafePointer<Self>, of key: Key, hash: Int, at now: Duration, hitWindow: Duration)
-        -> (slot: Int32, result: Value?)?
+        -> (position: Int32, result: Value?)?
     {
         guard let found = lookUp(in: shard, key, hash: hash, at: now, hitWindow: hitWindow, live: \.value) else {
             return nil
         }
         switch found.hit {
-        case .live(let value): return (found.slot, value ?? nil)
-        case .compact(let position): return (found.slot, shard.pointee.table.records[position].value)
+        case .live(let value): return (Int32(truncatingIfNeeded: found.position), value ?? nil)
+        case .compact(let position):
+            return (Int32(truncatingIfNeeded: position), shard.pointee.table.records[position].value)
         }
     }
 
@@ -63,13 +64,15 @@ extension FamilyShard {
     static func freshSnapshot(
         in shard: UnsafePointer<Self>, of key: Key, hash: Int, at now: Duration, hitWindow: Duration,
         expiry: Duration
-    ) -> (slot: Int32, result: AsyncSnapshot<Value?>?)? {
+    ) -> (position: Int32, result: AsyncSnapshot<Value?>?)? {
         guard let found = lookUp(in: shard, key, hash: hash, at: now, hitWindow: hitWindow, live: \.freshSnapshot)
         else { return nil }
         switch found.hit {
-        case .live(let snapshot): return (found.slot, snapshot)
+        case .live(let snapshot): return (Int32(truncatingIfNeeded: found.position), snapshot)
         case .compact(let position):
-            return (found.slot, compactSnapshot(in: shard, at: position, now: now, expiry: expiry))
+            return (
+                Int32(truncatingIfNeeded: position), compactSnapshot(in: shard, at: position, now: now, expiry: expiry)
+            )
         }
     }
 
@@ -86,14 +89,22 @@ extension FamilyShard {
         }
     }
 
-    /// A hit on the entry at `slot` of `shard`, whose key's hash is `hash`, at `now`: its last access
-    /// is written (with an idle expiry), and the policy notes it. At once by a reader that holds the
-    /// shard alone, or when the hits that readers on the shard's stripes noted are folded in (see
-    /// ``AccessBuffer``). It changes two fields, each through the pointer, which readers never read.
+    /// A hit on the entry at `slot` of `shard`, whose record is at `position` (`nil`: find it), and
+    /// whose key's hash is `hash`, at `now`: its last access is written (with an idle expiry), and the
+    /// policy notes it. At once by a reader that holds the shard alone, or when the hits that readers
+    /// on the shard's stripes noted are folded in (see ``AccessBuffer``). A hit the policy's read
+    /// buffer has no room for marks its record instead (``RecordTable/Record/referenced``): the
+    /// policy then gives the entry the second chance the hit would have given it (see
+    /// ``evictOne(sparing:into:)``). It changes the last accesses, the policy and that one field of
+    /// the record, each through the pointer: fields the hit's look-up reads are not written.
     @inlinable
-    static func noteHit(_ slot: Int32, hash: Int, at now: Duration, in shard: UnsafeMutablePointer<Self>) {
+    static func noteHit(
+        _ slot: Int32, position: Int?, hash: Int, at now: Duration, in shard: UnsafeMutablePointer<Self>
+    ) {
         recordAccess(slot, at: now, tracksIdle: shard.pointee.tracksIdle, in: &shard.pointee.lastAccess)
-        shard.pointee.policy.noteHit(slot, hash: hash)
+        guard !shard.pointee.policy.noteHit(slot, hash: hash) else { return }
+        let position = position ?? shard.pointee.table.at(Int(slot))
+        if !shard.pointee.table.records[position].referenced { shard.pointee.table.records[position].referenced = true }
     }
 
     /// The data of the compact entry whose record is at `position`, unpacked
@@ -177,6 +188,6 @@ extension FamilyShard: StripeReadable {
             previousStripe: shard.pointee.lastAbsorbedStripe, previousNewest: shard.pointee.lastAbsorbedAt)
         shard.pointee.lastAbsorbedStripe = local.stripe
         shard.pointee.lastAbsorbedAt = local.newestAccess()
-        local.drain { access in noteHit(access.slot, hash: access.hash, at: access.at, in: shard) }
+        local.drain { access in noteHit(access.slot, position: nil, hash: access.hash, at: access.at, in: shard) }
     }
 }

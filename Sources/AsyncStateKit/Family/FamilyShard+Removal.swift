@@ -35,17 +35,39 @@ extension FamilyShard {
     /// `sparing` (an entry just made or written, whose caller expects to find it).
     @inlinable mutating func evictOne(sparing: Key? = nil, into removed: inout Removals) -> Bool {
         policy.applyReads()
-        let chosen: (slot: Int32, refused: Bool)?
-        do {
-            // The closures read copies of the two tables (references, not their storage): capturing
-            // `self` while `policy` is being read made the compiler copy the whole shard for each call.
-            // The copies end here, before `remove` writes to the tables.
-            let (table, users) = (table, users)
-            chosen = policy.victim(
-                where: { table.key(at: Int($0)) != sparing && !Self.isInUse(Int($0), table: table, users: users) },
-                hash: { table.hash(at: Int($0)) })
+        var reprieves = 0
+        while true {
+            let chosen: (slot: Int32, refused: Bool)?
+            do {
+                // The closures read copies of the two tables (references, not their storage): capturing
+                // `self` while `policy` is being read made the compiler copy the whole shard for each
+                // call. The copies end here, before `remove` writes to the tables.
+                let (table, users) = (table, users)
+                chosen = policy.victim(
+                    where: { table.key(at: Int($0)) != sparing && !Self.isInUse(Int($0), table: table, users: users) },
+                    hash: { table.hash(at: Int($0)) })
+            }
+            guard let (slot, refused) = chosen else { return false }
+            // Main's victim on probation, hit while its hit could not be noted, is used, not forgotten:
+            // it moves to protected, as the hit would have moved it, and the next victim is chosen —
+            // at most ``reprieveLimit`` times an eviction, so that one eviction stays short.
+            let position = table.at(Int(slot))
+            if !refused, reprieves < Self.reprieveLimit, table.records[position].referenced, policy.isOnProbation(slot)
+            {
+                table.records[position].referenced = false
+                policy.promote(slot)
+                reprieves += 1
+                continue
+            }
+            return evict(slot, refused: refused, into: &removed)
         }
-        guard let (slot, refused) = chosen else { return false }
+    }
+
+    /// The most second chances one eviction gives (see ``evictOne(sparing:into:)``).
+    @inlinable static var reprieveLimit: Int { 8 }
+
+    /// Evicts the entry at `slot`, chosen by the policy (`refused`: a candidate refused admission).
+    @inlinable mutating func evict(_ slot: Int32, refused: Bool, into removed: inout Removals) -> Bool {
         removed.append(self.removed(at: Int(slot), reason: .evicted))
         policy.evicted(table.hash(at: Int(slot)), refused: refused, entries: table.count)
         remove(slot)

@@ -21,6 +21,12 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
         /// A live entry's store.
         @usableFromInline var store: Store?
         @usableFromInline var key: Key?
+        /// Whether the entry was hit while its shard's policy had no room to note the hit (see
+        /// ``FamilyShard/noteHit(_:position:hash:at:in:)``): cleared when the policy gives it the
+        /// second chance the hit would have. Right after the key, where the next field's alignment
+        /// leaves room: the record is no larger (56 bytes with `Int` keys and values, 64 with
+        /// `String`s, as before).
+        @usableFromInline var referenced = false
         /// The entry's slot: its place in the shard's other arrays.
         @usableFromInline var slot: Int32
         /// A compact entry's value (`nil` for a live entry, whose store has it).

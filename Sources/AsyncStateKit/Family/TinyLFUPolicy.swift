@@ -121,16 +121,19 @@ struct TinyLFUPolicy {
     }
 
     /// A hit on the entry at `slot`, whose key's hash is `hash`: noted in the read buffer if it has
-    /// room (see the type's documentation).
+    /// room (see the type's documentation). Returns whether it was; the shard marks a hit that was
+    /// not on its entry's record, for a second chance (see ``isOnProbation(_:)``, ``promote(_:)``).
     @inlinable @inline(__always)
-    mutating func noteHit(_ slot: Int32, hash: Int) {
-        if pendingReads < Self.readBufferSize {
+    mutating func noteHit(_ slot: Int32, hash: Int) -> Bool {
+        let noted = pendingReads < Self.readBufferSize
+        if noted {
             reads[pendingReads] = slot
             readHashes[pendingReads] = hash
             pendingReads &+= 1
         }
         hitsSinceApplied &+= 1
         if hitsSinceApplied >= Self.readBatch { applyReads() }
+        return noted
     }
 
     /// Applies the hits noted in the read buffer, in their order: all their counts in the sketch,
@@ -150,6 +153,17 @@ struct TinyLFUPolicy {
     @usableFromInline mutating func touch(_ slot: Int32, hash: Int) {
         applyReads()
         sketch.increment(hash)
+        move(Self.node(slot))
+    }
+
+    /// Whether the entry at `slot` is on probation.
+    @usableFromInline func isOnProbation(_ slot: Int32) -> Bool { nodes[Self.node(slot)].segment == .probation }
+
+    /// The entry at `slot`, on probation, moves to protected as a hit would move it: its second
+    /// chance, when the victim chosen was hit while the read buffer had no room for the hit (without
+    /// it, the keys of a hot set served from memory for a long run of hits stay on probation,
+    /// counted once, and a scan's keys, counted once too, push them out once the sketch halves).
+    @usableFromInline mutating func promote(_ slot: Int32) {
         move(Self.node(slot))
     }
 
