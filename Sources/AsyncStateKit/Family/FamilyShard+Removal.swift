@@ -36,8 +36,9 @@ extension FamilyShard {
     @inlinable mutating func evictOne(sparing: Key? = nil, into removed: inout Removals) -> Bool {
         policy.applyReads()
         var reprieves = 0
+        var candidate: Int32?
         while true {
-            let chosen: (slot: Int32, refused: Bool)?
+            let chosen: (slot: Int32, refused: Bool, candidate: Int32?)?
             do {
                 // The closures read copies of the two tables (references, not their storage): capturing
                 // `self` while `policy` is being read made the compiler copy the whole shard for each
@@ -45,12 +46,15 @@ extension FamilyShard {
                 let (table, users) = (table, users)
                 chosen = policy.victim(
                     where: { table.key(at: Int($0)) != sparing && !Self.isInUse(Int($0), table: table, users: users) },
-                    hash: { table.hash(at: Int($0)) })
+                    hash: { table.hash(at: Int($0)) }, candidate: candidate)
             }
-            guard let (slot, refused) = chosen else { return false }
+            guard let chosen else { return false }
+            let (slot, refused) = (chosen.slot, chosen.refused)
+            candidate = chosen.candidate
             // Main's victim on probation, hit while its hit could not be noted, is used, not forgotten:
-            // it moves to protected, as the hit would have moved it, and the next victim is chosen —
-            // at most ``reprieveLimit`` times an eviction, so that one eviction stays short.
+            // it moves to protected, as the hit would have moved it, and the next victim is chosen,
+            // against the same candidate — at most ``reprieveLimit`` times an eviction, so that one
+            // eviction stays short.
             let position = table.at(Int(slot))
             if !refused, reprieves < Self.reprieveLimit, table.records[position].referenced, policy.isOnProbation(slot)
             {

@@ -268,7 +268,11 @@ struct FamilyShard<Key: Hashable & Sendable, Value: Sendable> {
             lastAccess[i] = now
             idle.push(slot, since: now)
         }
-        policy.admit(slot, hash: hash, entries: table.count)
+        // An entry pushed from the window to probation starts there unmarked: a hit it had in the
+        // window was the window's (see ``RecordTable/Record/referenced``).
+        if let pushed = policy.admit(slot, hash: hash, entries: table.count) {
+            table.records[table.at(Int(pushed))].referenced = false
+        }
         return slot
     }
 

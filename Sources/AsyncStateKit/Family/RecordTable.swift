@@ -22,8 +22,9 @@ struct RecordTable<Key: Hashable & Sendable, Value: Sendable> {
         @usableFromInline var store: Store?
         @usableFromInline var key: Key?
         /// Whether the entry was hit while its shard's policy had no room to note the hit (see
-        /// ``FamilyShard/noteHit(_:position:hash:at:in:)``): cleared when the policy gives it the
-        /// second chance the hit would have. Right after the key, where the next field's alignment
+        /// ``FamilyShard/noteHit(_:position:hash:at:in:)``) since it left the window: cleared when the
+        /// policy gives it the second chance the hit would have, and as it leaves the window (a
+        /// window's hit moves its entry within the window, not to protected). Right after the key, where the next field's alignment
         /// leaves room: the record is no larger (56 bytes with `Int` keys and values, 64 with
         /// `String`s, as before).
         @usableFromInline var referenced = false

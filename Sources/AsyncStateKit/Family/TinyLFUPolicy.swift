@@ -103,8 +103,10 @@ struct TinyLFUPolicy {
     /// recently used of the window, whose least recently used entry goes to probation (a candidate)
     /// if the window is full.
     /// If the key was evicted lately, the window first moves one entry towards the list that would
-    /// have kept it (see ``EvictionHistory``).
-    @usableFromInline mutating func admit(_ slot: Int32, hash: Int, entries: Int) {
+    /// have kept it (see ``EvictionHistory``). Returns the slot of the entry pushed to probation, if
+    /// one was.
+    @discardableResult
+    @usableFromInline mutating func admit(_ slot: Int32, hash: Int, entries: Int) -> Int32? {
         applyReads()
         if let refused = history?.takeBack(hash) { resizeWindow(by: refused ? 1 : -1) }
         if nodes.isEmpty { prepare() }
@@ -117,7 +119,9 @@ struct TinyLFUPolicy {
         if windowCount > windowLimit, case let pushed = Int(nodes[Segment.window.sentinel].newer), pushed != node {
             unlink(pushed)
             link(pushed, into: .probation)
+            return Self.slot(Int32(pushed))
         }
+        return nil
     }
 
     /// A hit on the entry at `slot`, whose key's hash is `hash`: noted in the read buffer if it has
@@ -179,7 +183,13 @@ struct TinyLFUPolicy {
     /// probation that may go, the least recently used of protected, then of the window. `nil` when
     /// none may go. `refused` says whether it is a candidate refused at admission. Apply the reads
     /// first; call ``evicted(_:refused:entries:)`` as it goes.
-    @usableFromInline func victim(where mayGo: (Int32) -> Bool, hash: (Int32) -> Int) -> (slot: Int32, refused: Bool)? {
+    /// With `candidate`, that entry is the candidate (if it is still on probation and may go): the
+    /// one an eviction compared first, kept while it gives second chances (see
+    /// ``FamilyShard/evictOne(sparing:into:)``), whose promotions may put another entry at probation's
+    /// newest end. Returns the candidate compared, if any.
+    @usableFromInline func victim(
+        where mayGo: (Int32) -> Bool, hash: (Int32) -> Int, candidate fixed: Int32? = nil
+    ) -> (slot: Int32, refused: Bool, candidate: Int32?)? {
         guard !nodes.isEmpty else { return nil }
         func first(in segment: Segment, fromOldest: Bool, where include: (Int32) -> Bool) -> Int32? {
             let sentinel = Int32(segment.sentinel)
@@ -190,15 +200,17 @@ struct TinyLFUPolicy {
             }
             return nil
         }
-        if let victim = first(in: .probation, fromOldest: true, where: mayGo) {
-            guard let candidate = first(in: .probation, fromOldest: false, where: { $0 != victim && mayGo($0) })
-            else { return (victim, false) }
+        if let victim = first(in: .probation, fromOldest: true, where: { $0 != fixed && mayGo($0) }) {
+            let candidate =
+                fixed.flatMap { isOnProbation($0) && mayGo($0) ? $0 : nil }
+                ?? first(in: .probation, fromOldest: false, where: { $0 != victim && mayGo($0) })
+            guard let candidate else { return (victim, false, nil) }
             return sketch.estimate(hash(candidate)) > sketch.estimate(hash(victim))
-                ? (victim, false) : (candidate, true)
+                ? (victim, false, candidate) : (candidate, true, candidate)
         }
         return
             (first(in: .protected, fromOldest: true, where: mayGo)
-            ?? first(in: .window, fromOldest: true, where: mayGo)).map { ($0, false) }
+            ?? first(in: .window, fromOldest: true, where: mayGo)).map { ($0, false, nil) }
     }
 
     /// The key with `hash` is evicted (``victim(where:hash:)`` chose it, `refused` as it said), from a
