@@ -178,7 +178,7 @@ extension AsyncStateFamily {
             return results
         }
         let batch = BatchLoad<Key, Value>(operation: operation, observer: core.observer)
-        var waiting: [(Key, AsyncStateStore<Value?>, UInt64)] = []
+        var waiting: [(Key, AsyncStateStore<Value?>, UInt64, Bool)] = []
         var started: [Key] = []
         var attempts: [UInt64] = []
         var fetches: [AsyncStateFetch] = []
@@ -200,7 +200,7 @@ extension AsyncStateFamily {
                     results[key] = .success(Self.answered(value))
                     attempt = didStart  // a background refresh (stale or ahead)
                 case .wait(let waiter, let didStart):
-                    waiting.append((key, store, waiter))
+                    waiting.append((key, store, waiter, didStart != nil))
                     attempt = didStart
                 }
                 if let attempt {
@@ -216,9 +216,9 @@ extension AsyncStateFamily {
         if !started.isEmpty {
             batch.start(started, attempts: attempts, fetches: fetches, executor: core.clock.executor)
         }
-        for (key, store, waiter) in waiting {
+        for (key, store, waiter, started) in waiting {
             do {
-                results[key] = .success(Self.answered(try await store.wait(waiter)))
+                results[key] = .success(Self.answered(try await store.wait(waiter, started: started)))
             } catch {
                 results[key] = .failure(error)
             }
@@ -272,7 +272,7 @@ extension AsyncStateFamily {
                 key, in: store, window: batchWindow, maxSize: maxBatchSize, retry: retry, operation)
             {
             case .value(let value, _): return Self.answered(value)
-            case .wait(let waiter, _): return Self.answered(try await store.wait(waiter))
+            case .wait(let waiter, let started): return Self.answered(try await store.wait(waiter, started: started != nil))
             }
         }
     }

@@ -38,11 +38,16 @@ extension AsyncStateStore {
     /// machine, which ends the flight if it was the last waiter.
     /// Always inlined, so that its frame is part of its caller's: a waiting task's frames then fit in
     /// the memory the runtime gives a new task (984 bytes), and a joiner mallocs no second slab.
+    ///
+    /// `started`: the caller's call started the flight, which may then have settled already (its
+    /// operation answered without suspending, on this thread: see ``launchAndAttach(_:)``); such a
+    /// caller looks for its outcome first. A joiner does not: its outcome, if it came meanwhile, is
+    /// found as it registers — one lock fewer for each joiner of a stampede.
     @inlinable @inline(__always)
-    func wait(_ waiter: Machine.WaiterID) async throws -> Value {
-        // A flight that settled before its caller waits (an operation that answered without
-        // suspending) needs no cancellation handler and no continuation.
-        if let settled = settledOutcome(of: waiter) { return try settled.result(as: Value.self) }
+    func wait(_ waiter: Machine.WaiterID, started: Bool) async throws -> Value {
+        // A flight that settled before its caller waits needs no cancellation handler and no
+        // continuation.
+        if started, let settled = settledOutcome(of: waiter) { return try settled.result(as: Value.self) }
         let outcome = await withTaskCancellationHandler {
             await withUnsafeContinuation { (continuation: UnsafeContinuation<WaiterOutcome, Never>) in
                 let early = core.withLock { core -> WaiterOutcome? in

@@ -200,7 +200,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         try Task.checkCancellation()
         switch try enter(request, policy: policy, operation) {
         case .value(let value, _): return value
-        case .wait(let waiter, _): return try await wait(waiter)
+        case .wait(let waiter, let started): return try await wait(waiter, started: started != nil)
         }
     }
 
@@ -276,7 +276,7 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
             core.waiterSlots[waiter] = .pending
             return waiter
         }
-        if let waiter { _ = try await wait(waiter) }
+        if let waiter { _ = try await wait(waiter, started: true) }
     }
 
     /// Invalidates the data; with a second-level `version`, only data older than that version (see
