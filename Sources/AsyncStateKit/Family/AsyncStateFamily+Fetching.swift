@@ -272,7 +272,8 @@ extension AsyncStateFamily {
                 key, in: store, window: batchWindow, maxSize: maxBatchSize, retry: retry, operation)
             {
             case .value(let value, _): return Self.answered(value)
-            case .wait(let waiter, let started): return Self.answered(try await store.wait(waiter, started: started != nil))
+            case .wait(let waiter, let started):
+                return Self.answered(try await store.wait(waiter, started: started != nil))
             }
         }
     }
