@@ -32,15 +32,19 @@
 public final class AsyncStateInvalidator: Sendable {
     /// The bus.
     public let bus: any AsyncStateInvalidationBus
-    private let authenticator: (any AsyncStateInvalidationAuthenticator)?
-    private let metadata: (@Sendable () -> [String: String])?
-    private let invalidateAllInterval: Duration
-    private let clock: StoreClock
-    private let subscriptions = LockedValue<[String: [Subscription]]>([:])
-    private let state = LockedValue(State())
+    let authenticator: (any AsyncStateInvalidationAuthenticator)?
+    let metadata: (@Sendable () -> [String: String])?
+    let invalidateAllInterval: Duration
+    let clock: StoreClock
+    let subscriptions = LockedValue<[String: [Subscription]]>([:])
+    let state = LockedValue(State())
+    /// How what could not be sent is kept (see ``Recovery``); `nil`: not kept.
+    let recovery: Recovery?
+    /// Told of what the queue does (see ``Event``).
+    let events: (@Sendable (Event) -> Void)?
 
     /// What the invalidator counts, and the invalidations of whole topics it holds back.
-    private struct State {
+    struct State {
         var applied = 0
         var rejected = 0
         var coalesced = 0
@@ -52,6 +56,14 @@ public final class AsyncStateInvalidator: Sendable {
         var held: Set<String> = []
         /// Wakes ``run()``'s task that applies held invalidations, while it waits for one.
         var wake: AsyncStream<Void>.Continuation?
+        /// What could not be sent yet (with a ``Recovery``), and its counts.
+        var queue: InvalidationQueue?
+        var recoveryCounts = RecoveryCounts()
+        /// Wakes ``run()``'s task that sends the queue again, while it waits for a message.
+        var resendWake: AsyncStream<Void>.Continuation?
+        /// The callers of ``flush()`` waiting for the queue to empty, by id.
+        var flushing: [UInt64: UnsafeContinuation<Void, Never>] = [:]
+        var nextFlush: UInt64 = 0
     }
 
     /// How many deliveries this invalidator has applied (from the bus or ``apply(_:)``), for metrics
@@ -70,19 +82,19 @@ public final class AsyncStateInvalidator: Sendable {
     var keyScans: Int { state.withLock { $0.scans } }
 
     /// One subscribed state or family, held weakly.
-    private struct Subscription: Sendable {
+    struct Subscription: Sendable {
         /// Whether the subscriber still exists.
         let isAlive: @Sendable () -> Bool
         /// Invalidates the subscriber: what `target` names, unless its data is that second-level
         /// `version` or newer; `false` once it is gone.
         let invalidate: @Sendable (_ target: Target, _ version: UInt64?) -> Bool
-        /// For a family with a second level: marks `target` stale there before a change made here
-        /// is announced; the key's new version (`nil` for a tag or a whole topic, or on a fault).
-        var invalidateSecondLevel: (@Sendable (_ target: Target) async -> UInt64?)?
+        /// For a state or family with a second level: marks `target` stale there before a change made
+        /// here is announced.
+        var invalidateSecondLevel: (@Sendable (_ target: Target) async -> SecondLevelMark)?
     }
 
     /// What a message invalidates in a subscriber.
-    private enum Target: Sendable {
+    enum Target: Sendable {
         /// Everything.
         case all
         /// One key (its description).
@@ -107,16 +119,26 @@ public final class AsyncStateInvalidator: Sendable {
     ///     ``AsyncStateInvalidation/metadata``: inject the current trace context there, and the
     ///     observers of every replica's states see which request caused the invalidation. `nil` (the
     ///     default): messages carry none.
+    ///   - recovery: How what could not be sent is kept and sent again (see ``Recovery``); `nil`: it
+    ///     is not, and ``invalidate(_:key:)`` throws the bus's error instead. Defaults to
+    ///     ``Recovery/init(capacity:backoff:maximumBackoff:)``'s defaults.
+    ///   - events: Told of each message queued, sent again, collapsed or dropped (see ``Event``), for
+    ///     logs and metrics; on the thread that caused it, after every lock. `nil` (the default):
+    ///     nobody.
     public init(
         bus: any AsyncStateInvalidationBus, authenticator: (any AsyncStateInvalidationAuthenticator)? = nil,
         invalidateAllInterval: Duration = .seconds(1), clock: some Clock<Duration> = ContinuousClock(),
-        metadata: (@Sendable () -> [String: String])? = nil
+        metadata: (@Sendable () -> [String: String])? = nil, recovery: Recovery? = Recovery(),
+        events: (@Sendable (Event) -> Void)? = nil
     ) {
         self.bus = bus
         self.authenticator = authenticator
         self.metadata = metadata
         self.invalidateAllInterval = invalidateAllInterval > .zero ? invalidateAllInterval.clampedToLimits : .zero
         self.clock = StoreClock(clock)
+        self.recovery = recovery
+        self.events = events
+        if let recovery { state.withLock { $0.queue = InvalidationQueue(capacity: recovery.capacity) } }
     }
 
     /// Subscribes `state` to `topic`: a message about the topic (with or without a key or a tag)
@@ -126,11 +148,11 @@ public final class AsyncStateInvalidator: Sendable {
         // With a second level (held weakly too: it lives as long as the state's store), a message's
         // version applies, and a change made here is marked there first.
         let secondLevel = state.secondLevel.map(WeakBox.init)
-        var invalidateSecondLevel: (@Sendable (Target) async -> UInt64?)?
+        var invalidateSecondLevel: (@Sendable (Target) async -> SecondLevelMark)?
         if let secondLevel {
             invalidateSecondLevel = { _ in
-                guard let secondLevel = secondLevel.value else { return nil }
-                return await secondLevel.invalidate(secondLevel.stateKey)
+                guard let secondLevel = secondLevel.value else { return .marked(version: nil) }
+                return SecondLevelMark(await secondLevel.invalidate(secondLevel.stateKey))
             }
         }
         add(
@@ -186,10 +208,12 @@ public final class AsyncStateInvalidator: Sendable {
         let core = WeakBox(family.core)
         // With a second level, a keyed message's version applies, and a change made here is marked
         // there first.
-        var invalidateSecondLevel: (@Sendable (Target) async -> UInt64?)?
+        var invalidateSecondLevel: (@Sendable (Target) async -> SecondLevelMark)?
         if family.core.secondLevel != nil {
             invalidateSecondLevel = { target in
-                guard let family = core.value, let secondLevel = family.secondLevel else { return nil }
+                guard let family = core.value, let secondLevel = family.secondLevel else {
+                    return .marked(version: nil)
+                }
                 switch target {
                 case .key(let key):
                     // Named as the family's loads name it (``SecondLevelLoader/key(of:)``): the key
@@ -197,13 +221,13 @@ public final class AsyncStateInvalidator: Sendable {
                     let matches = keys(key, family).map(secondLevel.key(of:))
                     var versions: [UInt64?] = []
                     for name in Set(matches.isEmpty ? [secondLevel.key(for: key)] : matches) {
-                        versions.append(await secondLevel.invalidate(name))
+                        guard let version = await secondLevel.invalidate(name) else { return .failed }
+                        versions.append(version)
                     }
-                    return SecondLevelVersion.single(of: versions)
+                    return .marked(version: SecondLevelVersion.single(of: versions))
                 case .tag, .all:
                     // The second level knows no tags: every entry of the family goes stale there.
-                    _ = await secondLevel.invalidateAll()
-                    return nil
+                    return await secondLevel.invalidateAll() ? .marked(version: nil) : .failed
                 }
             }
         }
@@ -222,65 +246,23 @@ public final class AsyncStateInvalidator: Sendable {
             invalidateSecondLevel: invalidateSecondLevel)
     }
 
-    /// Invalidates `topic` (or one `key` of it) here at once, then publishes it to the other
-    /// replicas, signed if the invalidator has an authenticator.
-    ///
-    /// A family with a second level (see ``AsyncStateSecondLevelOptions``) has the key marked stale
-    /// there first (one call, bounded by its timeout: this replica is invalidated after it), so that
-    /// no replica takes the old entry from it, and the message carries the key's new version: a
-    /// replica whose data is already that version ignores it, and the next read of the key on any
-    /// replica loads it once for all of them (through the key's lease).
-    ///
-    /// - Throws: The bus's error when it could not publish; this replica is invalidated anyway.
-    public func invalidate(_ topic: String, key: String? = nil) async throws {
-        let subscribers = subscribers(of: topic)
-        let target = key.map(Target.key) ?? .all
-        let version = await invalidateSecondLevels(target, of: subscribers)
-        let message = AsyncStateInvalidation(topic: topic, key: key, metadata: metadata?(), version: version)
-        InvalidationCause.$message.withValue(message) { invalidate(target, version: version, in: subscribers) }
-        try await publish(message)
-    }
-
-    /// Marks `target` stale in the second levels of `subscribers`; the key's new version when exactly
-    /// one of them gave one (versions of different second levels are not comparable).
-    private func invalidateSecondLevels(_ target: Target, of subscribers: [Subscription]) async -> UInt64? {
-        var versions: [UInt64?] = []
-        for subscriber in subscribers {
-            guard let invalidateSecondLevel = subscriber.invalidateSecondLevel else { continue }
-            versions.append(await invalidateSecondLevel(target))
-        }
-        return SecondLevelVersion.single(of: versions)
-    }
-
-    /// Invalidates the entries carrying `tag` in the families subscribed to `topic` (see
-    /// ``AsyncStateFamily/invalidate(tag:)``; a single state subscribed to it is invalidated) here at
-    /// once, then publishes it to the other replicas, which do the same.
-    ///
-    /// - Throws: The bus's error when it could not publish; this replica is invalidated anyway.
-    public func invalidate(_ topic: String, tag: String) async throws {
-        let subscribers = subscribers(of: topic)
-        _ = await invalidateSecondLevels(.tag(tag), of: subscribers)
-        let message = AsyncStateInvalidation(topic: topic, tag: tag, metadata: metadata?())
-        InvalidationCause.$message.withValue(message) { invalidate(.tag(tag), in: subscribers) }
-        try await publish(message)
-    }
-
-    /// Signs `message` if the invalidator has an authenticator, and publishes it.
-    private func publish(_ message: AsyncStateInvalidation) async throws {
-        var message = message
-        message.signature = authenticator?.signature(for: message.signedContent)
-        try await bus.publish(message)
-    }
-
     /// Applies what the bus delivers until the calling task is cancelled or the bus's stream ends:
-    /// run it from a service's `run()`. The stream starts with
+    /// run it from a service's `run()`. It also sends again what this replica could not send (see
+    /// ``Recovery``). The stream starts with
     /// ``AsyncStateInvalidationDelivery/reconnected`` (see ``AsyncStateInvalidationBus``), so every
     /// subscribed state is invalidated once the bus listens: what this replica fetched before then
     /// may have changed on another replica, unseen. While it runs, it also applies the whole-topic
     /// invalidations the rate limit held back, each when its interval ends.
     public func run() async {
         let (wakes, wake) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
-        state.withLock { $0.wake = wake }
+        let (resends, resendWake) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        let owesMessages = state.withLock { state in
+            state.wake = wake
+            state.resendWake = resendWake
+            return state.queue?.isEmpty == false
+        }
+        // Messages queued before it ran are sent at once.
+        if owesMessages { resendWake.yield() }
         await withTaskGroup(of: Void.self) { group in
             group.addTask(executorPreference: clock.executor) { [self] in
                 for await _ in wakes {
@@ -290,14 +272,21 @@ public final class AsyncStateInvalidator: Sendable {
                     }
                 }
             }
+            group.addTask(executorPreference: clock.executor) { [self] in await resendQueued(woken: resends) }
             for await delivery in bus.deliveries() {
                 apply(delivery)
+                // This replica's bus is back: what it owes is sent now, not at the end of a backoff.
+                if delivery == .reconnected { resendWake.yield() }
                 if Task.isCancelled { break }
             }
             group.cancelAll()
         }
-        state.withLock { $0.wake = nil }
+        state.withLock { state in
+            state.wake = nil
+            state.resendWake = nil
+        }
         wake.finish()
+        resendWake.finish()
     }
 
     /// Applies one delivery (for buses and tests that drive the invalidator themselves): a message
@@ -375,13 +364,13 @@ public final class AsyncStateInvalidator: Sendable {
     }
 
     /// The live subscribers of `topic`.
-    private func subscribers(of topic: String) -> [Subscription] {
+    func subscribers(of topic: String) -> [Subscription] {
         subscriptions.withLock { $0[topic] ?? [] }
     }
 
     /// Invalidates `target` of `subscribers`, outside every lock (invalidating runs the states'
     /// observers); drops the subscriptions whose subscriber is gone.
-    private func invalidate(_ target: Target, version: UInt64? = nil, in subscribers: [Subscription]) {
+    func invalidate(_ target: Target, version: UInt64? = nil, in subscribers: [Subscription]) {
         var gone = false
         for subscriber in subscribers where !subscriber.invalidate(target, version) { gone = true }
         if gone { prune() }
@@ -396,7 +385,7 @@ public final class AsyncStateInvalidator: Sendable {
     private func add(
         _ topic: String, isAlive: @escaping @Sendable () -> Bool,
         invalidate: @escaping @Sendable (Target, UInt64?) -> Bool,
-        invalidateSecondLevel: (@Sendable (Target) async -> UInt64?)? = nil
+        invalidateSecondLevel: (@Sendable (Target) async -> SecondLevelMark)? = nil
     ) {
         prune()
         // A message's version is the second level's: to a subscriber without one it means nothing,

@@ -196,10 +196,13 @@ public final class Catalog: Sendable {
 
     /// How a write reached the other replicas.
     public enum Announcement: String, Sendable {
-        /// Published on the bus.
+        /// Published on the bus (and marked in the second level, if there is one).
         case published
-        /// The bus could not publish: other replicas learn of the write when their bus reconnects, or
-        /// when their copy expires.
+        /// The bus (or the second level) could not take it: the invalidator keeps it and sends it
+        /// again until it does (see `AsyncStateInvalidator.Recovery`).
+        case queued
+        /// The bus could not publish and the invalidator keeps nothing (no recovery): other replicas
+        /// learn of the write when their bus reconnects, or when their copy expires.
         case failed
         /// No bus: a single process.
         case local
@@ -220,15 +223,17 @@ public final class Catalog: Sendable {
     /// bus carried the message.
     private func announce(
         locally: (AsyncStateFamily<String, TenantConfig>) -> Void,
-        through: (AsyncStateInvalidator) async throws -> Void
+        through: (AsyncStateInvalidator) async throws -> AsyncStateInvalidator.Outcome
     ) async -> Announcement {
         guard let invalidator else {
             locally(tenants)
             return .local
         }
         do {
-            try await through(invalidator)
-            return .published
+            switch try await through(invalidator) {
+            case .published: return .published
+            case .queued: return .queued
+            }
         } catch {
             return .failed
         }

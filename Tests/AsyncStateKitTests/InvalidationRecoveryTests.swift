@@ -1,0 +1,195 @@
+import AsyncStateKit
+import AsyncStateTesting
+import Foundation
+import Testing
+
+/// Auto-recovery: what a replica could not send — its bus was down, a second level failed — is kept,
+/// coalesced, and sent again until it is taken.
+@Suite struct InvalidationRecoveryTests {
+    /// A replica whose invalidator runs on the virtual clock (its backoff is virtual time).
+    struct Node {
+        let bus: InMemoryInvalidationNetwork.Bus
+        let invalidator: AsyncStateInvalidator
+        let profiles: AsyncStateFamily<Int, String>
+        let runner: Task<Void, any Error>
+
+        init(
+            network: InMemoryInvalidationNetwork, clock: VirtualClock,
+            recovery: AsyncStateInvalidator.Recovery? = .init(),
+            events: (@Sendable (AsyncStateInvalidator.Event) -> Void)? = nil,
+            secondLevel: AsyncStateSecondLevelOptions<String>? = nil
+        ) async {
+            bus = network.bus()
+            invalidator = AsyncStateInvalidator(
+                bus: bus, invalidateAllInterval: .zero, clock: clock, recovery: recovery, events: events)
+            profiles = AsyncStateFamily(expiry: .seconds(3_600), clock: clock, secondLevel: secondLevel)
+            invalidator.subscribe(profiles, to: "profiles")
+            let invalidator = invalidator
+            runner = clock.task { await invalidator.run() }
+            _ = await soon { bus.listenerCount == 1 && invalidator.deliveriesApplied == 1 }
+        }
+    }
+
+    /// The source: a value per key, and the calls made.
+    final class Source: Sendable {
+        let values = LockedValue<[Int: String]>([:])
+        let calls = LockedValue(0)
+        var operation: AsyncStateFamily<Int, String>.Operation {
+            { [self] key in
+                calls.withLock { $0 += 1 }
+                return values.withLock { $0[key] ?? "none" }
+            }
+        }
+        func write(_ value: String, for key: Int) { values.withLock { $0[key] = value } }
+    }
+
+    @Test func aChangeMadeWhileTheWritersBusIsDownReachesTheOthersOnceItIsBack() async throws {
+        let clock = VirtualClock()
+        let network = InMemoryInvalidationNetwork()
+        let source = Source()
+        source.write("v0", for: 1)
+        let writer = await Node(network: network, clock: clock)
+        let reader = await Node(network: network, clock: clock)
+        #expect(try await reader.profiles.value(for: 1, source.operation) == "v0")
+
+        writer.bus.disconnect()
+        for version in 1...10 {
+            source.write("v\(version)", for: 1)
+            #expect(try await writer.invalidator.invalidate("profiles", key: "1") == .queued)
+            await clock.advance(by: .seconds(3))
+        }
+        // Ten writes, one message owed: a key's messages coalesce.
+        #expect(writer.invalidator.messagesQueued == 10)
+        #expect(writer.invalidator.messagesPending == 1)
+        #expect(try await reader.profiles.value(for: 1, source.operation) == "v0")  // not told yet
+
+        writer.bus.reconnect()
+        // Within one backoff of the bus's return (the backoff has reached its maximum, 10 s).
+        await clock.advance(by: .seconds(10))
+        #expect(await soon { writer.invalidator.messagesPending == 0 })
+        #expect(await soon { reader.profiles.snapshot(for: 1)?.isExpired == true })
+        #expect(try await reader.profiles.value(for: 1, source.operation) == "v10")
+        #expect(writer.invalidator.messagesResent == 1)
+        writer.runner.cancel()
+        reader.runner.cancel()
+    }
+
+    @Test func flushWaitsUntilTheQueueIsSent() async throws {
+        let clock = VirtualClock()
+        let network = InMemoryInvalidationNetwork()
+        let writer = await Node(network: network, clock: clock)
+        let reader = await Node(network: network, clock: clock)
+        writer.bus.disconnect()
+        #expect(try await writer.invalidator.invalidate("profiles", key: "7") == .queued)
+        let flushed = LockedValue(false)
+        let flushing = clock.task {
+            await writer.invalidator.flush()
+            flushed.withLock { $0 = true }
+        }
+        await clock.advance(by: .seconds(60))
+        #expect(!flushed.withLock { $0 })  // the bus is still down
+        writer.bus.reconnect()
+        await clock.advance(by: .seconds(10))
+        _ = try await flushing.value
+        #expect(flushed.withLock { $0 })
+        #expect(await soon { reader.invalidator.deliveriesApplied == 2 })
+        await writer.invalidator.flush()  // nothing owed: at once
+        writer.runner.cancel()
+        reader.runner.cancel()
+    }
+
+    @Test func aFullQueueCollapsesIntoWholeTopicInvalidations() async throws {
+        let clock = VirtualClock()
+        let network = InMemoryInvalidationNetwork()
+        let events = LockedValue<[String]>([])
+        let writer = await Node(
+            network: network, clock: clock, recovery: .init(capacity: 2),
+            events: { event in
+                let line: String
+                switch event {
+                case .queued(let message): line = "queued \(message)"
+                case .resent(let message): line = "resent \(message)"
+                case .collapsed(let topics): line = "collapsed \(topics)"
+                case .dropped(let topics): line = "dropped \(topics)"
+                }
+                events.withLock { $0.append(line) }
+            })
+        let reader = await Node(network: network, clock: clock)
+        let source = Source()
+        for key in 1...3 { _ = try await reader.profiles.value(for: key, source.operation) }
+        writer.bus.disconnect()
+        for key in 1...3 { try await writer.invalidator.invalidate("profiles", key: "\(key)") }
+        #expect(writer.invalidator.messagesPending == 1)  // the whole topic
+        #expect(writer.invalidator.queueCollapses == 1)
+        #expect(
+            events.withLock { $0 } == [
+                "queued profiles/1", "queued profiles/2", "queued profiles/3", "collapsed [\"profiles\"]",
+            ])
+        writer.bus.reconnect()
+        await clock.advance(by: .seconds(10))
+        #expect(await soon { (1...3).allSatisfy { reader.profiles.snapshot(for: $0)?.isExpired == true } })
+        #expect(events.withLock { $0.last } == "resent profiles")
+        writer.runner.cancel()
+        reader.runner.cancel()
+    }
+
+    @Test func aWholeTopicInvalidationAbsorbsTheKeysQueuedBeforeIt() async throws {
+        let clock = VirtualClock()
+        let network = InMemoryInvalidationNetwork()
+        let writer = await Node(network: network, clock: clock)
+        writer.bus.disconnect()
+        try await writer.invalidator.invalidate("profiles", key: "1")
+        try await writer.invalidator.invalidate("profiles", tag: "tenant-a")
+        try await writer.invalidator.invalidate("profiles")
+        try await writer.invalidator.invalidate("profiles", key: "2")  // covered by the whole topic
+        #expect(writer.invalidator.messagesPending == 1)
+        #expect(writer.invalidator.queueCollapses == 0)
+        writer.runner.cancel()
+    }
+
+    @Test func withoutRecoveryABusErrorIsThrown() async throws {
+        let clock = VirtualClock()
+        let network = InMemoryInvalidationNetwork()
+        let writer = await Node(network: network, clock: clock, recovery: nil)
+        writer.bus.disconnect()
+        await #expect(throws: InMemoryInvalidationNetwork.Disconnected.self) {
+            try await writer.invalidator.invalidate("profiles", key: "1")
+        }
+        #expect(writer.invalidator.messagesPending == 0)
+        writer.runner.cancel()
+    }
+
+    /// A second level that cannot be marked: the message goes out at once (the replicas drop their
+    /// data), and the mark is made once the second level is back, then the message is sent again
+    /// with the version it gave.
+    @Test func aFailedSecondLevelMarkIsMadeLaterAndTheMessageSentAgainWithItsVersion() async throws {
+        let clock = VirtualClock()
+        let network = InMemoryInvalidationNetwork()
+        let level = InMemorySecondLevel(clock: clock)
+        func options() -> AsyncStateSecondLevelOptions<String> {
+            AsyncStateSecondLevelOptions(level: level.replica(), namespace: "profiles", codec: .json)
+        }
+        let writer = await Node(network: network, clock: clock, secondLevel: options())
+        let reader = await Node(network: network, clock: clock, secondLevel: options())
+        let source = Source()
+        source.write("old", for: 1)
+        #expect(try await reader.profiles.value(for: 1, source.operation) == "old")
+
+        level.isDown = true
+        source.write("new", for: 1)
+        #expect(try await writer.invalidator.invalidate("profiles", key: "1") == .queued)
+        #expect(await soon { reader.profiles.snapshot(for: 1)?.isExpired == true })  // told at once
+        #expect(writer.invalidator.messagesPending == 1)  // the mark is owed
+
+        level.isDown = false
+        await clock.advance(by: .seconds(10))
+        #expect(await soon { writer.invalidator.messagesPending == 0 })
+        #expect(level.entry(for: "profiles:1")?.freshUntil == .distantPast)  // marked stale
+        // The resent message carries the mark's version: the reader learns it, and takes no older
+        // entry afterwards.
+        #expect(await soon { reader.invalidator.deliveriesApplied == 3 })
+        #expect(try await reader.profiles.value(for: 1, source.operation) == "new")
+        writer.runner.cancel()
+        reader.runner.cancel()
+    }
+}
