@@ -28,6 +28,8 @@ public final class InMemorySecondLevel: AsyncStateSecondLevel, Sendable {
         var leases: [String: (token: UInt64, expiresAt: Duration)] = [:]
         var lastTokens: [String: UInt64] = [:]
         var latency: Duration = .zero
+        /// Each replica's own latency, added to ``latency`` for its calls.
+        var replicaLatency: [Int: Duration] = [:]
         var isDown = false
         var partitioned: Set<Int> = []
         /// Calls of partitioned replicas, held until the partition heals.
@@ -189,7 +191,7 @@ public final class InMemorySecondLevel: AsyncStateSecondLevel, Sendable {
             state.lastTokens[key] = token
             state.leases[key] = (token, now + max(duration, .zero))
             state.counts.leasesAcquired += 1
-            return .acquired(token: token)
+            return .acquired(token: token, storedVersion: state.entries[key]?.version ?? 0)
         }
     }
 
@@ -215,7 +217,9 @@ public final class InMemorySecondLevel: AsyncStateSecondLevel, Sendable {
                 if !hold { continuation.resume() }
             }
         }
-        let latency = state.withLock { $0.latency }
+        let latency = state.withLock { state in
+            state.latency + (replica.flatMap { state.replicaLatency[$0] } ?? .zero)
+        }
         if latency > .zero { try await sleep(latency) }
         return try state.withLock { state in
             if state.isDown { throw Unavailable() }
@@ -237,11 +241,28 @@ public final class InMemorySecondLevel: AsyncStateSecondLevel, Sendable {
 
     fileprivate func isPartitioned(_ replica: Int) -> Bool { state.withLock { $0.partitioned.contains(replica) } }
 
+    fileprivate func latency(of replica: Int) -> Duration {
+        state.withLock { $0.replicaLatency[replica] ?? .zero }
+    }
+
+    fileprivate func setLatency(_ latency: Duration, of replica: Int) {
+        state.withLock { $0.replicaLatency[replica] = latency > .zero ? latency : nil }
+    }
+
     /// One replica's connection to an ``InMemorySecondLevel``.
     public struct Replica: AsyncStateSecondLevel {
         /// The second level it connects to.
         public let level: InMemorySecondLevel
         fileprivate let id: Int
+
+        /// How much longer this replica's calls take than the level's ``InMemorySecondLevel/latency``
+        /// (its distance from the second level): each call waits out both before the second level
+        /// answers it, so that replicas at different distances reach it in the order a network would
+        /// bring them. Zero by default; a negative latency is zero.
+        public var latency: Duration {
+            get { level.latency(of: id) }
+            nonmutating set { level.setLatency(newValue, of: id) }
+        }
 
         /// Whether this replica is cut off: its calls hang (even when cancelled) until it is not.
         public var isPartitioned: Bool {

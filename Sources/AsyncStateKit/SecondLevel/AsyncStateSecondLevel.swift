@@ -40,7 +40,11 @@ public protocol AsyncStateSecondLevel: Sendable {
     func write(_ entry: AsyncStateStoredEntry, for key: String) async throws -> Bool
 
     /// Takes `key`'s lease for `duration` if nobody holds it (or its holder's lease has expired), or
-    /// says how long the current holder's lease still runs.
+    /// says how long the current holder's lease still runs. A grant should say which version was
+    /// stored for the key as it was given (``AsyncStateLease/acquired(token:storedVersion:)``): the
+    /// holder then calls its source at once when that is the version its last read found, and reads
+    /// the entry once more only when another replica wrote (or invalidated) since — without it, the
+    /// holder always reads once more, one round trip more a miss.
     func acquireLease(on key: String, for duration: Duration) async throws -> AsyncStateLease
 
     /// Gives back the lease `token` holds on `key`; does nothing if the lease has expired or another
@@ -80,8 +84,16 @@ public struct AsyncStateStoredEntry: Sendable, Hashable {
 /// What a replica gets when it asks for a key's lease.
 public enum AsyncStateLease: Sendable, Hashable {
     /// It holds the lease, until its duration passes or it gives it back. Its write carries `token`
-    /// as its version.
-    case acquired(token: UInt64)
+    /// as its version. `storedVersion` is the version stored for the key when the lease was given
+    /// (an entry's or an invalidation's; 0 when there is none), or `nil` when the second level does
+    /// not say.
+    ///
+    /// A replica that read the entry before it asked for the lease compares the two: if another
+    /// replica wrote between its read and the grant (its write and its lease's release both fell in
+    /// that gap, which a replica far from the second level sees often), the stored version differs,
+    /// and the holder reads the entry again instead of calling its source — so two replicas that
+    /// miss a key together cost the source one call whatever the order of their calls.
+    case acquired(token: UInt64, storedVersion: UInt64? = nil)
     /// Another replica holds it, for `expiresIn` more (on the second level's clock).
     case held(expiresIn: Duration)
 }
@@ -96,8 +108,8 @@ public enum AsyncStateSecondLevelEvent: Sendable {
     case loaded(version: UInt64?)
     /// Another replica holds the key's lease: this one waits for its write.
     case waiting
-    /// The wait ran out (``AsyncStateSecondLevelOptions/maximumWait``): this replica calls its source
-    /// without the lease.
+    /// The wait ran out (``AsyncStateSecondLevelOptions/maximumWait``, or half of what the attempt's
+    /// timeout left): this replica calls its source without the lease.
     case waitRanOut
     /// A call to the second level failed with `error` (``AsyncStateSecondLevelTimeout`` when it ran
     /// past its timeout): the load goes to the source, and the second level is skipped for a backoff.

@@ -15,7 +15,9 @@ import Foundation
 /// entry (its lease token is the version) and gives the lease back; a replica that finds the lease
 /// held reads the entry every `pollInterval` until the holder's write is there, and takes the lease
 /// itself once the holder's lease expires (a holder that died). A waiter never waits longer than
-/// `maximumWait`: it then calls the source itself.
+/// `maximumWait`, nor past half of what its attempt's `timeout` leaves (the family's `timeout`: the
+/// other half is for its own source call): it then calls the source itself. So a holder that died,
+/// or a lease held by anyone, costs callers a slower answer, never a timeout.
 ///
 /// Every call to the second level is bounded by `timeout`. A call that fails or times out makes the
 /// family skip the second level — straight to its source, as without one — for `faultBackoff`,
@@ -40,7 +42,8 @@ public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
     /// How often a replica that waits for another's load reads the entry. Defaults to 25 ms.
     public var pollInterval: Duration
     /// The longest a replica waits for another's load before it calls the source itself. Defaults
-    /// to the lease's duration plus one poll, so that a waiter outlasts a dead holder's lease.
+    /// to the lease's duration plus one poll, so that a waiter outlasts a dead holder's lease. A
+    /// family with a `timeout` waits at most half of what the attempt has left, whatever this says.
     public var maximumWait: Duration
     /// How long the second level is skipped after a fault. Defaults to 1 second.
     public var faultBackoff: Duration

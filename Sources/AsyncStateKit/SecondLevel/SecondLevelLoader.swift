@@ -110,16 +110,21 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     ) async throws -> AttemptResult<StoreValue> {
         let key = load.key
         let readsEntries = !load.input.readsTheSource
-        if readsEntries, let fresh = try await freshEntry(load, stored: stored) { return fresh }
-        let giveUpAt = clock.now().saturatingAdd(options.maximumWait)
+        // The version the last read found (0: no entry), `nil` before a read.
+        var seen: UInt64?
+        if readsEntries, let fresh = try await freshEntry(load, seen: &seen, stored: stored) { return fresh }
+        let giveUpAt = load.input.waitEnds(from: clock.now(), maximumWait: options.maximumWait)
         var waited = false
         while true {
             switch try await bounded({ [options] in
                 try await options.level.acquireLease(on: key, for: options.leaseDuration)
             }) {
-            case .acquired(let token):
+            case .acquired(let token, let storedVersion):
+                // Read again when another replica may have written since the last read: the grant
+                // names another version, or does not say.
+                let readsAgain = seen != nil && (storedVersion == nil || storedVersion != seen)
                 return try await loadAsHolder(
-                    load, token: token, afterWaiting: waited, source, unwrap: unwrap, stored: stored)
+                    load, token: token, readsAgain: readsAgain, source, unwrap: unwrap, stored: stored)
             case .held(let expiresIn):
                 if !waited {
                     waited = true
@@ -134,7 +139,7 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
                     now.saturatingAdd(options.pollInterval),
                     now.saturatingAdd(max(expiresIn, .milliseconds(1))), giveUpAt)
                 try await clock.sleep(max(wake, now))
-                if readsEntries, let fresh = try await freshEntry(load, stored: stored) { return fresh }
+                if readsEntries, let fresh = try await freshEntry(load, seen: &seen, stored: stored) { return fresh }
                 if clock.now() >= giveUpAt {
                     note(.waitRanOut, load)
                     return try await source()
@@ -145,11 +150,11 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
 
     /// The holder's load: the source's value, written with the lease's token as its version; the
     /// lease is given back afterwards whatever happens (after the write, so that a replica that
-    /// finds the lease free finds the entry too). A holder that waited for another first reads the
-    /// entry once more: its last read found none, and that holder may have written it and given the
-    /// lease back since. A source that answers "not modified" writes nothing.
+    /// finds the lease free finds the entry too). A holder that `readsAgain` reads the entry once
+    /// more first: its last read found none it could take, and another replica may have written one
+    /// and given the lease back since. A source that answers "not modified" writes nothing.
     private func loadAsHolder<StoreValue>(
-        _ load: Load<StoreValue>, token: UInt64, afterWaiting waited: Bool,
+        _ load: Load<StoreValue>, token: UInt64, readsAgain: Bool,
         _ source: @Sendable () async throws -> AttemptResult<StoreValue>, unwrap: @Sendable (StoreValue) -> Value?,
         stored: @Sendable (Value) -> StoreValue
     ) async throws -> AttemptResult<StoreValue> {
@@ -158,7 +163,8 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         // not skipped when this load was cancelled (its caller's cancellation would end the call at
         // once, and the other replicas would wait for the lease to expire).
         defer { Task(executorPreference: clock.executor) { [self] in await release(key, token: token) } }
-        if waited, !load.input.readsTheSource, let fresh = try await freshEntry(load, stored: stored) { return fresh }
+        var seen: UInt64?
+        if readsAgain, let fresh = try await freshEntry(load, seen: &seen, stored: stored) { return fresh }
         let answer = try await source()
         guard case .value(let answered) = answer, let value = unwrap(answered) else {
             note(.loaded(version: nil), load)
@@ -188,7 +194,8 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             note(.writeRefused(version: token), load)
             var newer = load
             newer.input = load.input.requiring(version: token)
-            if let fresh = try? await freshEntry(newer, stored: stored) { return fresh }
+            var seen: UInt64?
+            if let fresh = try? await freshEntry(newer, seen: &seen, stored: stored) { return fresh }
             // The newer version is an invalidation's (no fresh entry): this value is from before the
             // change, and lands expired (the next read loads again).
             return .arrived(answered, RemoteArrival(age: .zero, lifetime: .zero, date: date, version: token))
@@ -205,14 +212,17 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
 
     /// The key's entry as an answer, if the second level holds one that decodes and that the load's
     /// input may take fresh (the machine's rules: ``AttemptInput/mayTake(version:succeededAt:)``,
-    /// ``AttemptInput/arrival(succeededAt:freshUntil:version:lifetime:at:)``).
-    private func freshEntry<StoreValue>(_ load: Load<StoreValue>, stored: @Sendable (Value) -> StoreValue)
-        async throws -> AttemptResult<StoreValue>?
-    {
+    /// ``AttemptInput/arrival(succeededAt:freshUntil:version:lifetime:at:)``). `seen` is set to the
+    /// version the read found (0: no entry).
+    private func freshEntry<StoreValue>(
+        _ load: Load<StoreValue>, seen: inout UInt64?, stored: @Sendable (Value) -> StoreValue
+    ) async throws -> AttemptResult<StoreValue>? {
         let key = load.key
-        guard let entry = try await bounded({ [options] in try await options.level.read(key) }),
-            load.input.mayTake(version: entry.version, succeededAt: entry.succeededAt)
-        else { return nil }
+        let entry = try await bounded({ [options] in try await options.level.read(key) })
+        seen = entry?.version ?? 0
+        guard let entry, load.input.mayTake(version: entry.version, succeededAt: entry.succeededAt) else {
+            return nil
+        }
         let value: Value
         do {
             value = try options.codec.decode(entry.payload)

@@ -39,12 +39,27 @@ struct AttemptInput<Value: Sendable>: Sendable {
     /// Whether the attempt must ask the source itself, whatever a second level holds: a refresh
     /// does (it was asked for because the value may have changed at the source).
     @usableFromInline var readsTheSource: Bool
+    /// When the attempt's timeout ends it (on the store's clock); `nil` for never. What it waits for
+    /// on the way to its source must leave it time (``waitEnds(from:maximumWait:)``).
+    @usableFromInline var timeoutAt: Duration?
 
     @inlinable
-    init(previous: Value?, lastSuccess: Date?, version: UInt64, readsTheSource: Bool) {
+    init(previous: Value?, lastSuccess: Date?, version: UInt64, readsTheSource: Bool, timeoutAt: Duration?) {
         (self.previous, self.lastSuccess, self.version, self.readsTheSource) = (
             previous, lastSuccess, version, readsTheSource
         )
+        self.timeoutAt = timeoutAt
+    }
+
+    /// When a wait for another's load that starts at `now` gives up (a second-level lease that
+    /// another replica holds): after `maximumWait`, and never later than halfway to the attempt's
+    /// timeout — the other half is left for its own call to the source, so that a holder that died
+    /// costs the callers a slower answer, not a timeout. The one rule for the wait's budget.
+    @inlinable
+    func waitEnds(from now: Duration, maximumWait: Duration) -> Duration {
+        let limit = now.saturatingAdd(maximumWait)
+        guard let timeoutAt, timeoutAt < limit else { return limit }
+        return timeoutAt > now ? now.saturatingAdd((timeoutAt - now) / 2) : now
     }
 }
 

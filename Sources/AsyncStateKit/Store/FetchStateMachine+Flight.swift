@@ -205,12 +205,13 @@ extension FetchStateMachine {
     @inlinable func attempt(now: Duration, starts: Reason?) -> Attempt {
         let box = flightBox!
         let softTimeout = starts != nil && box.flight.kind != .append ? configuration.softTimeout : nil
+        let timeoutAt = configuration.timeout.map { now.saturatingAdd($0) }
         let input = AttemptInput(
             previous: data.hasValue ? data.value : nil, lastSuccess: data.lastSuccess, version: data.version,
-            readsTheSource: box.flight.readsTheSource)
+            readsTheSource: box.flight.readsTheSource, timeoutAt: timeoutAt)
         return Attempt(
             flight: box.flight.id, id: box.flight.attempt, operation: box.flight.operation, input: input,
-            timeoutAt: configuration.timeout.map { now.saturatingAdd($0) },
+            timeoutAt: timeoutAt,
             softTimeoutAt: softTimeout.map { now.saturatingAdd($0) }, starts: starts)
     }
 

@@ -135,7 +135,8 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
         try await prepare()
         let seconds = Self.seconds(duration)
         // One statement: take the lease if it is free or expired (the token drawn under the row's
-        // lock), else report the holder's time left from the row as it was.
+        // lock, with the version stored then: the holder reads again if another replica wrote
+        // since its read), else report the holder's time left from the row as it was.
         let rows = try await client.query(
             """
             WITH taken AS (
@@ -146,14 +147,16 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
                 ON CONFLICT (key) DO UPDATE SET lease_token = nextval('async_state_versions'),
                     lease_until = clock_timestamp() + make_interval(secs => \(seconds))
                 WHERE e.lease_until IS NULL OR e.lease_until <= clock_timestamp()
-                RETURNING e.lease_token)
-            SELECT lease_token, NULL::float8 FROM taken
+                RETURNING e.lease_token, e.version)
+            SELECT lease_token, version, NULL::float8 FROM taken
             UNION ALL
-            SELECT NULL::bigint, extract(epoch FROM lease_until - clock_timestamp())::float8
+            SELECT NULL::bigint, NULL::bigint, extract(epoch FROM lease_until - clock_timestamp())::float8
             FROM async_state_entries WHERE key = \(key) AND NOT EXISTS (SELECT 1 FROM taken)
             """, logger: logger)
-        for try await (token, left) in rows.decode((Int64?, Double?).self) {
-            if let token { return .acquired(token: try Self.version(token)) }
+        for try await (token, stored, left) in rows.decode((Int64?, Int64?, Double?).self) {
+            if let token {
+                return .acquired(token: try Self.version(token), storedVersion: try stored.map(Self.version))
+            }
             return .held(expiresIn: left.map { .seconds(max(0, min($0, 86_400))) } ?? .zero)
         }
         // The lease was taken by a replica whose row this statement's snapshot predates: held, for

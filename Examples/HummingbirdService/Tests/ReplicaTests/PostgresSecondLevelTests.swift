@@ -48,7 +48,9 @@ extension RealServerTests {
                 let key = prefix + "'; DROP TABLE async_state_entries; --"
                 #expect(try await level.read(key) == nil)
 
-                guard case .acquired(let first) = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                // Each grant names the version stored as it was given (0: none yet), which tells a
+                // holder whether another replica wrote since its read.
+                guard case .acquired(let first, 0?) = try await level.acquireLease(on: key, for: .seconds(10)) else {
                     Issue.record("a free lease was not given")
                     return
                 }
@@ -73,7 +75,8 @@ extension RealServerTests {
                     return
                 }
                 try await level.releaseLease(on: key, token: first)
-                guard case .acquired(let second) = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                guard case .acquired(let second, first?) = try await level.acquireLease(on: key, for: .seconds(10))
+                else {
                     Issue.record("a lease given back was not given again")
                     return
                 }
@@ -86,7 +89,8 @@ extension RealServerTests {
                 let marked = try #require(try await level.read(key))
                 #expect(marked.version == version && marked.freshUntil < Date() && marked.payload == written.payload)
                 #expect(try await !level.write(Self.entry("before the change", version: second), for: key))
-                guard case .acquired(let third) = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                guard case .acquired(let third, version?) = try await level.acquireLease(on: key, for: .seconds(10))
+                else {
                     Issue.record("an invalidation left the lease held")
                     return
                 }
@@ -122,7 +126,7 @@ extension RealServerTests {
                 let keys = [prefix + "a", prefix + "b%", prefix + "_c"]
                 var versions: [String: UInt64] = [:]
                 for key in keys + [neighbour + "a"] {
-                    guard case .acquired(let token) = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                    guard case .acquired(let token, _) = try await level.acquireLease(on: key, for: .seconds(10)) else {
                         Issue.record("a free lease was not given")
                         return
                     }
@@ -155,7 +159,7 @@ extension RealServerTests {
                     for index in 0..<60 {
                         group.addTask {
                             if index % 2 == 0 { return (try await level.invalidate(key), nil) }
-                            guard case .acquired(let token) = try await level.acquireLease(on: key, for: .seconds(10))
+                            guard case .acquired(let token, _) = try await level.acquireLease(on: key, for: .seconds(10))
                             else { return (nil, nil) }
                             let stored = try await level.write(Self.entry("\(index)", version: token), for: key)
                             try await level.releaseLease(on: key, token: token)
@@ -195,7 +199,7 @@ extension RealServerTests {
                 let remembered = try await level.invalidate(key)
                 try await client.query("TRUNCATE async_state_entries", logger: quietLogger)
                 #expect(try await level.read(key) == nil)
-                guard case .acquired(let token) = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                guard case .acquired(let token, _) = try await level.acquireLease(on: key, for: .seconds(10)) else {
                     Issue.record("a free lease was not given")
                     return
                 }
