@@ -52,4 +52,120 @@ import Testing
         #expect(bounded.waitEnds(from: .seconds(5), maximumWait: .seconds(3)) == .seconds(5))
         #expect(input.waitEnds(from: .seconds(5), maximumWait: AsyncStateLimits.maximumDuration) > .seconds(5))
     }
+
+    /// A replica with nothing of its own whose source is down answers the second level's entry while
+    /// it is younger than `maxStaleAge`, counted from its source's answer on the replica that fetched
+    /// it: fail-safe from the second level. Past that age, or without fail-safe, the failure.
+    @Test func aReplicaWithNothingFallsBackOnTheSecondLevelWithinTheMaximumStaleAge() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let isDown = LockedValue(false)
+        let calls = LockedValue(0)
+        let source: @Sendable (Int) async throws -> Int = { key in
+            calls.withLock { $0 += 1 }
+            try await clock.sleep(for: .milliseconds(100))
+            if isDown.withLock({ $0 }) { throw SourceDown() }
+            return key * 10
+        }
+        func replica(maxStaleAge: Duration?) -> AsyncStateFamily<Int, Int> {
+            AsyncStateFamily<Int, Int>(
+                expiry: .seconds(60), clock: clock, maxStaleAge: maxStaleAge,
+                secondLevel: AsyncStateSecondLevelOptions(level: level.replica(), namespace: "safe", codec: .json))
+        }
+        let first = replica(maxStaleAge: .seconds(600))
+        let loaded = clock.task { try await first.value(for: 5, source) }
+        await clock.advance(by: .milliseconds(100))
+        #expect(try await loaded.value == 50)
+        isDown.withLock { $0 = true }
+
+        // Five minutes later a new replica misses key 5 and its source fails: the entry, expired
+        // for four minutes but five minutes old, is the answer; the phase says the failure.
+        await clock.advance(to: .init(offset: .seconds(300)))
+        let late = replica(maxStaleAge: .seconds(600))
+        let outage = clock.task { try await late.value(for: 5, source) }
+        await clock.advance(by: .milliseconds(100))
+        #expect(try await outage.value == 50)
+        let snapshot = try #require(late.snapshot(for: 5))
+        #expect(snapshot.value == 50 && snapshot.isExpired)
+        #expect(snapshot.lastSuccess == clock.startDate + 0.1)
+        guard case .failure = snapshot.phase else {
+            Issue.record("the phase is \(snapshot.phase), not the failure")
+            return
+        }
+        // It keeps that value as its own last good one: the next caller is answered from it too,
+        // until it is ten minutes old (counted from 0.1 s).
+        let again = clock.task { try await late.value(for: 5, source) }
+        await clock.advance(by: .milliseconds(100))
+        #expect(try await again.value == 50)
+        await clock.advance(to: .init(offset: .milliseconds(600_100)))
+        let tooOld = clock.task { try await late.value(for: 5, source) }
+        await clock.advance(by: .milliseconds(100))
+        await #expect(throws: SourceDown.self) { try await tooOld.value }
+
+        // A replica without fail-safe gets the failure; so does one whose entry is too old already.
+        let strict = replica(maxStaleAge: nil)
+        let refused = clock.task { try await strict.value(for: 5, source) }
+        await clock.advance(by: .milliseconds(100))
+        await #expect(throws: SourceDown.self) { try await refused.value }
+        #expect(strict.snapshot(for: 5)?.hasValue != true)
+        let tooLate = replica(maxStaleAge: .seconds(600))
+        let stale = clock.task { try await tooLate.value(for: 5, source) }
+        await clock.advance(by: .milliseconds(100))
+        await #expect(throws: SourceDown.self) { try await stale.value }
+    }
+
+    /// A replica whose own value is younger than the second level's keeps its own; one that heard of
+    /// an invalidation newer than the entry does not take the entry back (versions decide).
+    @Test func theFallbackNeverReplacesAYoungerValueNorUndoesAnInvalidation() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let isDown = LockedValue(false)
+        let source: @Sendable (Int) async throws -> Int = { key in
+            if isDown.withLock({ $0 }) { throw SourceDown() }
+            return key * 10 + Int(clock.now.offset.components.seconds)
+        }
+        let families = (0..<2).map { _ in
+            AsyncStateFamily<Int, Int>(
+                expiry: .seconds(60), clock: clock, maxStaleAge: .seconds(600),
+                secondLevel: AsyncStateSecondLevelOptions(level: level.replica(), namespace: "own", codec: .json))
+        }
+        #expect(try await families[0].value(for: 1, source) == 10)
+        await clock.advance(to: .init(offset: .seconds(100)))
+        // Replica 1 loads after the entry expired: the second level now holds its value (100 s).
+        #expect(try await families[1].value(for: 1, source) == 110)
+        // Replica 0's source fails at 200 s: it answers the second level's value, younger than its own.
+        isDown.withLock { $0 = true }
+        await clock.advance(to: .init(offset: .seconds(200)))
+        #expect(try await families[0].value(for: 1, source) == 110)
+        // An entry older than what a replica holds: its own value.
+        isDown.withLock { $0 = false }
+        await clock.advance(to: .init(offset: .seconds(300)))
+        #expect(try await families[1].value(for: 1, source) == 310)
+        level.overwrite(
+            AsyncStateStoredEntry(
+                payload: try AsyncStateCodec<Int>.json.encode(99), succeededAt: clock.startDate + 250,
+                freshUntil: .distantPast, version: 1_000),
+            for: "own:1")
+        isDown.withLock { $0 = true }
+        await clock.advance(to: .init(offset: .seconds(400)))
+        #expect(try await families[1].value(for: 1, source) == 310)
+        // An invalidation newer than the entry, heard while the source is being called: the entry
+        // was read before it, and is not answered after it — the replica's own value is, by its own
+        // fail-safe.
+        level.overwrite(
+            AsyncStateStoredEntry(
+                payload: try AsyncStateCodec<Int>.json.encode(77), succeededAt: clock.startDate + 390,
+                freshUntil: .distantPast, version: 1_500),
+            for: "own:1")
+        families[1].invalidate(1)
+        let slow: @Sendable (Int) async throws -> Int = { _ in
+            try await clock.sleep(for: .seconds(1))
+            throw SourceDown()
+        }
+        let during = clock.task { try await families[1].value(for: 1, slow) }
+        await clock.advance(by: .milliseconds(500))
+        families[1].core.invalidate(1, version: 2_000)
+        await clock.advance(by: .milliseconds(500))
+        #expect(try await during.value == 310)
+    }
 }

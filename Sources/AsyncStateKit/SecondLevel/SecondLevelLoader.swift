@@ -74,6 +74,14 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         }
     }
 
+    /// What a load's reads of the second level found: the version the last one found (0: no entry;
+    /// `nil` before a read), and the newest entry it may take that decoded but is not fresh — what
+    /// fail-safe may answer if the source fails (``AttemptResult/failed(_:fallback:_:)``).
+    struct Reading {
+        var seen: UInt64?
+        var stale: (value: Value, entry: AsyncStateStoredEntry)?
+    }
+
     /// One load: its key, what its attempt read of the state, and whom to tell.
     struct Load<StoreValue: Sendable>: Sendable {
         /// The second level's key.
@@ -95,24 +103,43 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             note(.skipped, load)
             return try await source()
         }
+        var reading = Reading()
         do {
-            return try await loadThroughSecondLevel(load, source, unwrap: unwrap, stored: stored)
+            return try await loadThroughSecondLevel(load, &reading, source, unwrap: unwrap, stored: stored)
         } catch let fault as Fault {
             note(.fault(error: fault.error), load)
             try Task.checkCancellation()  // a call ended by this load's cancellation: no source call
+            return try await fallingBack(on: reading, source, stored: stored)
+        }
+    }
+
+    /// What `source` answers; if it fails (other than by cancellation) after a read found an entry
+    /// the load may take that is not fresh, that entry as a fallback with the failure: the machine
+    /// decides whether fail-safe answers it (``FetchStateMachine/takesFallback(_:at:)``).
+    private func fallingBack<StoreValue>(
+        on reading: Reading, _ source: @Sendable () async throws -> AttemptResult<StoreValue>,
+        stored: @Sendable (Value) -> StoreValue
+    ) async throws -> AttemptResult<StoreValue> {
+        do {
             return try await source()
+        } catch {
+            guard let stale = reading.stale, !(error is CancellationError) else { throw error }
+            let age = Duration.clamped(seconds: clock.date().timeIntervalSince(stale.entry.succeededAt))
+            return .failed(
+                error, fallback: stored(stale.value),
+                RemoteArrival(
+                    age: max(age, .zero), lifetime: .zero, date: stale.entry.succeededAt, version: stale.entry.version))
         }
     }
 
     private func loadThroughSecondLevel<StoreValue>(
-        _ load: Load<StoreValue>, _ source: @Sendable () async throws -> AttemptResult<StoreValue>,
+        _ load: Load<StoreValue>, _ reading: inout Reading,
+        _ source: @Sendable () async throws -> AttemptResult<StoreValue>,
         unwrap: @Sendable (StoreValue) -> Value?, stored: @Sendable (Value) -> StoreValue
     ) async throws -> AttemptResult<StoreValue> {
         let key = load.key
         let readsEntries = !load.input.readsTheSource
-        // The version the last read found (0: no entry), `nil` before a read.
-        var seen: UInt64?
-        if readsEntries, let fresh = try await freshEntry(load, seen: &seen, stored: stored) { return fresh }
+        if readsEntries, let fresh = try await freshEntry(load, reading: &reading, stored: stored) { return fresh }
         let giveUpAt = load.input.waitEnds(from: clock.now(), maximumWait: options.maximumWait)
         var waited = false
         while true {
@@ -122,9 +149,9 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             case .acquired(let token, let storedVersion):
                 // Read again when another replica may have written since the last read: the grant
                 // names another version, or does not say.
-                let readsAgain = seen != nil && (storedVersion == nil || storedVersion != seen)
+                let readsAgain = reading.seen != nil && (storedVersion == nil || storedVersion != reading.seen)
                 return try await loadAsHolder(
-                    load, token: token, readsAgain: readsAgain, source, unwrap: unwrap, stored: stored)
+                    load, &reading, token: token, readsAgain: readsAgain, source, unwrap: unwrap, stored: stored)
             case .held(let expiresIn):
                 if !waited {
                     waited = true
@@ -139,10 +166,12 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
                     now.saturatingAdd(options.pollInterval),
                     now.saturatingAdd(max(expiresIn, .milliseconds(1))), giveUpAt)
                 try await clock.sleep(max(wake, now))
-                if readsEntries, let fresh = try await freshEntry(load, seen: &seen, stored: stored) { return fresh }
+                if readsEntries, let fresh = try await freshEntry(load, reading: &reading, stored: stored) {
+                    return fresh
+                }
                 if clock.now() >= giveUpAt {
                     note(.waitRanOut, load)
-                    return try await source()
+                    return try await fallingBack(on: reading, source, stored: stored)
                 }
             }
         }
@@ -154,7 +183,7 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     /// more first: its last read found none it could take, and another replica may have written one
     /// and given the lease back since. A source that answers "not modified" writes nothing.
     private func loadAsHolder<StoreValue>(
-        _ load: Load<StoreValue>, token: UInt64, readsAgain: Bool,
+        _ load: Load<StoreValue>, _ reading: inout Reading, token: UInt64, readsAgain: Bool,
         _ source: @Sendable () async throws -> AttemptResult<StoreValue>, unwrap: @Sendable (StoreValue) -> Value?,
         stored: @Sendable (Value) -> StoreValue
     ) async throws -> AttemptResult<StoreValue> {
@@ -163,9 +192,8 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         // not skipped when this load was cancelled (its caller's cancellation would end the call at
         // once, and the other replicas would wait for the lease to expire).
         defer { Task(executorPreference: clock.executor) { [self] in await release(key, token: token) } }
-        var seen: UInt64?
-        if readsAgain, let fresh = try await freshEntry(load, seen: &seen, stored: stored) { return fresh }
-        let answer = try await source()
+        if readsAgain, let fresh = try await freshEntry(load, reading: &reading, stored: stored) { return fresh }
+        let answer = try await fallingBack(on: reading, source, stored: stored)
         guard case .value(let answered) = answer, let value = unwrap(answered) else {
             note(.loaded(version: nil), load)
             return answer
@@ -194,8 +222,8 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             note(.writeRefused(version: token), load)
             var newer = load
             newer.input = load.input.requiring(version: token)
-            var seen: UInt64?
-            if let fresh = try? await freshEntry(newer, seen: &seen, stored: stored) { return fresh }
+            var reading = Reading()
+            if let fresh = try? await freshEntry(newer, reading: &reading, stored: stored) { return fresh }
             // The newer version is an invalidation's (no fresh entry): this value is from before the
             // change, and lands expired (the next read loads again).
             return .arrived(answered, RemoteArrival(age: .zero, lifetime: .zero, date: date, version: token))
@@ -212,14 +240,15 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
 
     /// The key's entry as an answer, if the second level holds one that decodes and that the load's
     /// input may take fresh (the machine's rules: ``AttemptInput/mayTake(version:succeededAt:)``,
-    /// ``AttemptInput/arrival(succeededAt:freshUntil:version:lifetime:at:)``). `seen` is set to the
-    /// version the read found (0: no entry).
+    /// ``AttemptInput/arrival(succeededAt:freshUntil:version:lifetime:at:)``). The read's version goes
+    /// to `reading` (0: no entry), and an entry it may take that is not fresh is kept there as the
+    /// load's fallback.
     private func freshEntry<StoreValue>(
-        _ load: Load<StoreValue>, seen: inout UInt64?, stored: @Sendable (Value) -> StoreValue
+        _ load: Load<StoreValue>, reading: inout Reading, stored: @Sendable (Value) -> StoreValue
     ) async throws -> AttemptResult<StoreValue>? {
         let key = load.key
         let entry = try await bounded({ [options] in try await options.level.read(key) })
-        seen = entry?.version ?? 0
+        reading.seen = entry?.version ?? 0
         guard let entry, load.input.mayTake(version: entry.version, succeededAt: entry.succeededAt) else {
             return nil
         }
@@ -235,7 +264,10 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             let arrival = AttemptInput<StoreValue>.arrival(
                 succeededAt: entry.succeededAt, freshUntil: entry.freshUntil, version: entry.version,
                 lifetime: lifetime(value), at: clock.date())
-        else { return nil }
+        else {
+            reading.stale = (value, entry)
+            return nil
+        }
         note(.hit(version: entry.version), load)
         return .arrived(stored(value), arrival)
     }

@@ -74,6 +74,11 @@ enum AttemptResult<Value: Sendable>: Sendable {
     /// A value another replica fetched, taken from a second level, as old, as fresh and at the version
     /// that `arrival` says (see ``AttemptInput/arrival(of:lifetime:at:)``).
     case arrived(Value, RemoteArrival)
+    /// The source failed with the error, and a second level holds `fallback`, a value another replica
+    /// fetched, as old as `arrival` says (at the failure; its lifetime is zero: it is not fresh):
+    /// what fail-safe may answer if the flight fails for good and the state holds nothing younger
+    /// (``FetchStateMachine/settleFailed(_:now:)``).
+    case failed(any Error, fallback: Value, RemoteArrival)
 }
 
 /// How old a value from a second level is, how long it stays fresh, and its version (see
@@ -106,9 +111,7 @@ extension AttemptInput {
     /// place.)
     @inlinable
     func mayTake(version: UInt64, succeededAt: Date) -> Bool {
-        guard SecondLevelVersion.isCurrent(version, known: self.version) else { return false }
-        guard let held = lastSuccess else { return true }
-        return succeededAt > held || (succeededAt == held && version != self.version)
+        SecondLevelVersion.takes(version, succeededAt: succeededAt, over: lastSuccess, known: self.version)
     }
 
     /// The arrival of a second-level entry whose source answered on `succeededAt` and that is fresh
@@ -146,6 +149,15 @@ extension AttemptInput {
 enum SecondLevelVersion {
     /// Whether a second-level entry at `version` is at least the version `known` to exist.
     @inlinable static func isCurrent(_ version: UInt64, known: UInt64) -> Bool { version >= known }
+
+    /// Whether data that knows version `known`, and whose value succeeded on `held` (`nil`: it has
+    /// none), takes an entry at `version` whose source answered on `succeededAt` (see
+    /// ``AttemptInput/mayTake(version:succeededAt:)``, and fail-safe's fallback).
+    @inlinable static func takes(_ version: UInt64, succeededAt: Date, over held: Date?, known: UInt64) -> Bool {
+        guard isCurrent(version, known: known) else { return false }
+        guard let held else { return true }
+        return succeededAt > held || (succeededAt == held && version != known)
+    }
 
     /// Whether an invalidation naming `version` makes data that knows version `known` older: only a
     /// newer version does.

@@ -27,6 +27,9 @@ extension FetchStateMachine {
             return settleSucceeded(with: newValue, now: now, date: arrival.date, outcome: .succeeded, arrival: arrival)
         case .failure(let error):
             return attemptFailed(error, now: now)
+        case .failedWithFallback(let error, let value, let arrival):
+            mutateFlight { $0.fallback = Fallback(value, arrival: arrival, now: now) }
+            return attemptFailed(error, now: now)
         case .cancelled:
             return settleCancelled(now: now)
         }
@@ -181,7 +184,7 @@ extension FetchStateMachine {
                 (flight.startedWithValue, flight.expiresOnArrival) = (hadValue, false)
                 flight.isPastSoftTimeout = false
                 (flight.policy, flight.startedAt, flight.attempts, flight.random) = (policy, now, 1, random)
-                flight.handles = Handles()
+                (flight.handles, flight.fallback) = (Handles(), nil)
                 if let waiter { flight.waiters.insert(waiter) }
             }
         }
@@ -260,9 +263,15 @@ extension FetchStateMachine {
 
     /// The flight failed for good with `error` at `now`. Fail-safe: its waiters get the last good value
     /// instead while it is young enough — not those of an append, whose caller asked for more than
-    /// that value.
+    /// that value. A value a second level held when the source failed (the flight's fallback) is
+    /// that last good value if the state holds none as young (``takesFallback(_:at:)``).
     @inlinable mutating func settleFailed(_ error: any Error, now: Duration) -> FlightAction {
         let kind = flightBox!.flight.kind
+        if kind != .append, let fallback = flightBox!.flight.fallback, takesFallback(fallback, at: now) {
+            data.receiveFallback(
+                fallback.value, isEmpty: isEmpty(fallback.value), receivedAt: fallback.receivedAt, date: fallback.date,
+                version: fallback.version)
+        }
         let report = self.report(at: now)
         let (waiters, handles) = takeFlight()
         // A failed refresh ahead leaves the data fresh until its own expiry (unless invalidated); so
@@ -276,6 +285,20 @@ extension FetchStateMachine {
         }
         return .settle(
             waiters: waiters, outcome: .failed(error), answer: .failure(error), report: report, cancel: handles)
+    }
+
+    /// Whether a flight that failed for good at `now` takes `fallback` as its last good value: fail-safe
+    /// is on and would answer it (it is younger than the maximum stale age, counted from its
+    /// source's answer, by the one freshness test), the state's own value is older (by its success
+    /// date), and its version is current (an invalidation since is not undone). The one rule of
+    /// fail-safe from a second level.
+    @inlinable func takesFallback(_ fallback: Fallback, at now: Duration) -> Bool {
+        guard let maxStaleAge = configuration.maxStaleAge,
+            isWithinExpiry(since: fallback.receivedAt, at: now, expiry: maxStaleAge)
+        else { return false }
+        return SecondLevelVersion.takes(
+            fallback.version, succeededAt: fallback.date, over: data.hasValue ? data.lastSuccess : nil,
+            known: data.version)
     }
 
     @inlinable mutating func settleCancelled(now: Duration) -> FlightAction {

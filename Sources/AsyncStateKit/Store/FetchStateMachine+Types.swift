@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// Why a caller asks a state for its value: the one description of a request, given to the machine,
 /// which derives from it everything that depends on it — how fresh, failed and stale data are
@@ -112,6 +112,9 @@ extension FetchStateMachine {
         @usableFromInline var random: SplitMix64
         /// The shell's handles of the running attempt and of the pending timer.
         @usableFromInline var handles: Handles
+        /// What a second level held when an attempt's source failed: what fail-safe may answer if
+        /// the flight fails for good (``AttemptResult/failed(_:fallback:_:)``).
+        @usableFromInline var fallback: Fallback?
 
         @inlinable
         init(
@@ -172,6 +175,9 @@ extension FetchStateMachine {
         /// It answered with a value another replica fetched (read from a second level): a success
         /// dated as that fetch was, as old and with as much freshness left as `arrival` says.
         case arrived(Value, RemoteArrival)
+        /// Its source failed (an error other than `CancellationError`), and a second level held a
+        /// value another replica fetched, as old as `arrival` says.
+        case failedWithFallback(any Error, Value, RemoteArrival)
 
         /// What an attempt that answered `result` ended with.
         @inlinable init(_ result: AttemptResult<Value>) {
@@ -179,6 +185,7 @@ extension FetchStateMachine {
             case .value(let value): self = .success(value)
             case .notModified: self = .notModified
             case .arrived(let value, let arrival): self = .arrived(value, arrival)
+            case .failed(let error, let value, let arrival): self = .failedWithFallback(error, value, arrival)
             }
         }
     }
@@ -335,5 +342,21 @@ extension FetchStateMachine {
     final class FlightBox {
         @usableFromInline var flight: Flight
         @inlinable init(_ flight: Flight) { self.flight = flight }
+    }
+
+    /// A flight's ``Flight/fallback``: a value another replica fetched, which a second level held
+    /// when the source failed, received (on the store's clock) at `receivedAt` — its source's answer,
+    /// `arrival.age` before the failure. Boxed: a flight without one is no larger.
+    @usableFromInline
+    final class Fallback {
+        @usableFromInline let value: Value
+        @usableFromInline let receivedAt: Duration
+        @usableFromInline let date: Date
+        @usableFromInline let version: UInt64
+
+        @inlinable init(_ value: Value, arrival: RemoteArrival, now: Duration) {
+            (self.value, self.date, self.version) = (value, arrival.date, arrival.version)
+            receivedAt = now.saturatingAdd(.zero - arrival.age)
+        }
     }
 }

@@ -170,6 +170,19 @@ struct StateData<Value: Sendable> {
         successCount += 1
     }
 
+    /// A fallback: `newValue` (empty by `isEmpty`), another replica's, which a second level held when
+    /// the source failed, becomes the last good value — received at `receivedAt` (its source's
+    /// answer, on this store's clock), dated `date`, at `version`, not fresh. The failure that follows
+    /// (``fail(_:at:keepsFreshness:cached:)``) sets the phase; the counts of successes and failures
+    /// are this state's own and stay.
+    @inlinable mutating func receiveFallback(
+        _ newValue: Value, isEmpty: Bool, receivedAt: Duration, date: Date, version: UInt64
+    ) {
+        receive(newValue, isEmpty: isEmpty, date: date)
+        self.version = SecondLevelVersion.merged(version, known: self.version)
+        (freshSince, self.receivedAt, lastSuccess) = (nil, receivedAt, date)
+    }
+
     /// A fetch failed for good with `error` at `now`. Its data stays fresh until its own expiry if
     /// `keepsFreshness` (a failed refresh ahead, a failed append); the failure is answered from the
     /// negative cache from `now` if `cached`.
