@@ -168,4 +168,58 @@ import Testing
         await clock.advance(by: .milliseconds(500))
         #expect(try await during.value == 310)
     }
+
+    /// With writes in the background the holder answers when its source does (10 ms a call to the
+    /// second level: a read, a lease, the source's second), not one write later; the entry lands and
+    /// the lease is given back after it, and a replica that waited takes the entry: one source call.
+    @Test(arguments: [false, true])
+    func aHolderThatWritesInTheBackgroundAnswersWhenItsSourceDoes(background: Bool) async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        level.latency = .milliseconds(10)
+        let source = KeyedSource(clock: clock, duration: .seconds(1))
+        let families = (0..<2).map { _ in
+            AsyncStateFamily<Int, Int>(
+                clock: clock,
+                secondLevel: AsyncStateSecondLevelOptions(
+                    level: level.replica(), namespace: "behind", codec: .json, writesInBackground: background))
+        }
+        let answeredAt = LockedValue<Duration?>(nil)
+        let holder = clock.task {
+            let value = try await families[0].value(for: 2, source.operation)
+            answeredAt.withLock { $0 = clock.now.offset }
+            return value
+        }
+        await clock.advance(by: .milliseconds(5))
+        let waiter = clock.task { try await families[1].value(for: 2, source.operation) }
+        await clock.advance(by: .seconds(2))
+        #expect(try await holder.value == 21)
+        #expect(try await waiter.value == 21)
+        #expect(answeredAt.withLock { $0 } == (background ? .milliseconds(1_020) : .milliseconds(1_030)))
+        #expect(source.calls.count == 1)
+        #expect(level.entry(for: "behind:2")?.version == 1)
+        #expect(families[0].snapshot(for: 2)?.isExpired == false)
+        #expect(families[0].secondLevelStatistics?.loads == 1 && families[1].secondLevelStatistics?.hits == 1)
+    }
+
+    /// A write in the background that the second level refuses (the key was invalidated there while
+    /// the holder loaded) is counted; the holder's callers have their value, and the invalidation's
+    /// message is what makes it stale.
+    @Test func aRefusedWriteInTheBackgroundIsCounted() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock, duration: .seconds(1))
+        let family = AsyncStateFamily<Int, Int>(
+            clock: clock,
+            secondLevel: AsyncStateSecondLevelOptions(
+                level: level.replica(), namespace: "behind", codec: .json, writesInBackground: true))
+        let holder = clock.task { try await family.value(for: 3, source.operation) }
+        await clock.advance(by: .milliseconds(500))
+        _ = try await level.invalidate("behind:3")
+        await clock.advance(by: .seconds(1))
+        #expect(try await holder.value == 31)
+        #expect(family.secondLevelStatistics?.refusedWrites == 1)
+        #expect(level.entry(for: "behind:3")?.version == 2)
+        #expect(level.entry(for: "behind:3")?.payload.isEmpty == true)
+    }
 }

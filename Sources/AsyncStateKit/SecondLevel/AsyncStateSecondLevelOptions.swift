@@ -49,6 +49,19 @@ public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
     public var faultBackoff: Duration
     /// The longest it is skipped after repeated faults. Defaults to 30 seconds.
     public var maximumFaultBackoff: Duration
+    /// Whether the lease's holder answers its callers as soon as its source answers, writing the
+    /// entry and giving the lease back afterwards (each within `timeout`), rather than after the
+    /// write. A miss then costs its callers the source's time alone; the other replicas still take
+    /// the value from the second level once the write lands (they wait for the lease as before).
+    ///
+    /// Off by default. With it on, a write the second level refuses — the key was invalidated while
+    /// the holder loaded, or its lease ran out and a newer holder wrote — cannot change what the
+    /// holder's callers were already answered: the holder keeps its value until the invalidation's
+    /// message reaches it (an ``AsyncStateInvalidator`` subscribed on every replica), where the write
+    /// in the foreground takes the newer entry at once, or lands its value expired. Turn it on where
+    /// every replica hears invalidations; the refusals are counted
+    /// (``AsyncStateSecondLevelStatistics/refusedWrites``) and reported after the fetch.
+    public var writesInBackground: Bool
 
     /// Creates the options.
     ///
@@ -63,6 +76,8 @@ public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
     ///     plus one poll.
     ///   - faultBackoff: How long `level` is skipped after a fault.
     ///   - maximumFaultBackoff: The longest it is skipped after repeated faults.
+    ///   - writesInBackground: Whether the holder answers before its write (see
+    ///     ``writesInBackground``).
     ///
     /// Durations are clamped to `0...AsyncStateLimits.maximumDuration`; a `timeout` or a
     /// `pollInterval` below a millisecond is a millisecond (a call is never unbounded, and a
@@ -71,7 +86,8 @@ public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
         level: any AsyncStateSecondLevel, namespace: String, codec: AsyncStateCodec<Value>,
         timeout: Duration = .milliseconds(250), leaseDuration: Duration = .seconds(10),
         pollInterval: Duration = .milliseconds(25), maximumWait: Duration? = nil,
-        faultBackoff: Duration = .seconds(1), maximumFaultBackoff: Duration = .seconds(30)
+        faultBackoff: Duration = .seconds(1), maximumFaultBackoff: Duration = .seconds(30),
+        writesInBackground: Bool = false
     ) {
         self.level = level
         self.namespace = namespace
@@ -84,6 +100,7 @@ public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
             .clampedToLimits
         self.faultBackoff = faultBackoff.clampedToLimits
         self.maximumFaultBackoff = max(maximumFaultBackoff.clampedToLimits, self.faultBackoff)
+        self.writesInBackground = writesInBackground
     }
 }
 

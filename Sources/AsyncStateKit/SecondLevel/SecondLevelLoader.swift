@@ -190,8 +190,14 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         let key = load.key
         // Given back in a task of its own, whatever happens: not held up by a slow second level, and
         // not skipped when this load was cancelled (its caller's cancellation would end the call at
-        // once, and the other replicas would wait for the lease to expire).
-        defer { Task(executorPreference: clock.executor) { [self] in await release(key, token: token) } }
+        // once, and the other replicas would wait for the lease to expire). A write in the background
+        // gives it back itself, after the write.
+        var releasesOnReturn = true
+        defer {
+            if releasesOnReturn {
+                Task(executorPreference: clock.executor) { [self] in await release(key, token: token) }
+            }
+        }
         if readsAgain, let fresh = try await freshEntry(load, reading: &reading, stored: stored) { return fresh }
         let answer = try await fallingBack(on: reading, source, stored: stored)
         guard case .value(let answered) = answer, let value = unwrap(answered) else {
@@ -207,15 +213,30 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         let entry = AsyncStateStoredEntry(
             payload: payload, succeededAt: date, freshUntil: date.addingTimeInterval(lifetime.timeInterval),
             version: token)
+        let arrival = RemoteArrival(age: .zero, lifetime: lifetime, date: date, version: token)
         // Written in a task of its own: once the source has answered, the entry saves the fleet a
         // call even if this load's callers have all left (its cancellation would end the call).
-        let written = await Task(executorPreference: clock.executor) { [self, options] in
-            try? await bounded { try await options.level.write(entry, for: key) }
-        }.value
+        let write = Task(executorPreference: clock.executor) { [self, options] in
+            let written = try? await bounded { try await options.level.write(entry, for: key) }
+            if options.writesInBackground {
+                await release(key, token: token)
+                if written == false { note(.writeRefused(version: token), load) }
+            }
+            return written
+        }
+        if options.writesInBackground {
+            // The callers are answered now; the write and the release follow, each within the
+            // timeout. A write the second level refuses is counted, and its newer version reaches
+            // this replica as the invalidation that made it (or is taken at the next miss).
+            releasesOnReturn = false
+            note(.loaded(version: token), load)
+            return .arrived(answered, arrival)
+        }
+        let written = await write.value
         switch written {
         case true?:
             note(.loaded(version: token), load)
-            return .arrived(answered, RemoteArrival(age: .zero, lifetime: lifetime, date: date, version: token))
+            return .arrived(answered, arrival)
         case false?:
             // A newer holder wrote first (this one outlived its lease), or the key was invalidated
             // since: the entry there is newer than this value.
