@@ -323,9 +323,12 @@ extension AsyncState {
     /// Writes a value (a manual or optimistic update), fresh from now: the phase becomes
     /// ``AsyncPhase/success(_:)`` (or ``AsyncPhase/empty``). A fetch in flight is cancelled and its
     /// callers get this value; its result never overwrites it.
+    ///
+    /// This replica's memory only: to write the value into a second level too and announce it to the
+    /// other replicas, use ``AsyncStateInvalidator/set(_:in:topic:)``.
     @inlinable
     public nonisolated(nonsending) func set(_ value: Value) async {
-        store.set(value)
+        store.set(value, version: 0)
     }
 
     /// Goes back to the initial value and ``AsyncPhase/initial``, forgetting the metadata. A

@@ -126,6 +126,10 @@ public final class InMemorySecondLevel: AsyncStateSecondLevel, Sendable {
         try await invalidateAll(withPrefix: prefix, from: nil)
     }
 
+    public func put(_ entry: AsyncStateStoredEntry, for key: String) async throws -> UInt64 {
+        try await put(entry, for: key, from: nil)
+    }
+
     /// Marks the entry stale with a new version (a marker with no payload if there is none), and
     /// drops the key's lease: a load that starts now is not held up by one that started before the
     /// change, whose write the new version refuses.
@@ -150,6 +154,18 @@ public final class InMemorySecondLevel: AsyncStateSecondLevel, Sendable {
         entry.version = version
         state.entries[key] = entry
         return version
+    }
+
+    /// Stores `entry` under a new version (``invalidate(_:)``'s: greater than every one before), and
+    /// drops the key's lease.
+    fileprivate func put(_ entry: AsyncStateStoredEntry, for key: String, from replica: Int?) async throws -> UInt64 {
+        try await call(from: replica) { state, _ in
+            state.counts.writes += 1
+            var entry = entry
+            entry.version = try Self.invalidate(key, in: &state)
+            state.entries[key] = entry
+            return entry.version
+        }
     }
 
     /// As ``invalidate(_:)`` for every key under `prefix` that has an entry, a lease or a token.
@@ -292,6 +308,10 @@ public final class InMemorySecondLevel: AsyncStateSecondLevel, Sendable {
 
         public func invalidateAll(withPrefix prefix: String) async throws {
             try await level.invalidateAll(withPrefix: prefix, from: id)
+        }
+
+        public func put(_ entry: AsyncStateStoredEntry, for key: String) async throws -> UInt64 {
+            try await level.put(entry, for: key, from: id)
         }
     }
 }

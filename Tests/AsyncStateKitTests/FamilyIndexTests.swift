@@ -109,7 +109,7 @@ import Testing
         for step in 0..<2_000 {
             if present.isEmpty || random.next(4) != 0 {
                 let key = Colliding(id: random.next(1_000), hashes: hashes)
-                _ = shard.setIfCompact(step, for: key, at: .zero, date: .now)
+                _ = shard.setIfCompact(step, for: key, at: .zero, date: .now, version: 0)
                 if reference.updateValue(step, forKey: key) == nil { present.append(key) }
             } else {
                 let position = random.next(present.count)
@@ -137,7 +137,7 @@ import Testing
         var random = FamilyModelTests.Random(state: 61)
         var present = Array(0..<2_500)
         for key in present {
-            _ = shard.setIfCompact(key, for: key, at: .zero, date: .now)
+            _ = shard.setIfCompact(key, for: key, at: .zero, date: .now, version: 0)
         }
         #expect(shard.table.records.count == 4_096)
         // 10,000 removals, each followed by a new key: the fill stays the same.
@@ -145,7 +145,7 @@ import Testing
             let position = random.next(present.count)
             #expect(shard.remove(present[position]) != nil)
             present[position] = next
-            _ = shard.setIfCompact(next, for: next, at: .zero, date: .now)
+            _ = shard.setIfCompact(next, for: next, at: .zero, date: .now, version: 0)
         }
         #expect(shard.table.records.count == 4_096)
         shard.table.index = SlotIndex()
@@ -161,7 +161,7 @@ import Testing
     @Test func aSweepIsBoundedPerCallAndPlacesEntriesDueSoon() {
         var shard = FamilyShard<Int, Int>(capacity: 10_000, tracksIdle: true)
         for key in 0..<5_000 {
-            _ = shard.setIfCompact(key, for: key, at: .zero, date: .now)
+            _ = shard.setIfCompact(key, for: key, at: .zero, date: .now, version: 0)
         }
         // Every entry used again at a different instant between 1 s and 2 s.
         for key in 0..<5_000 {

@@ -171,8 +171,8 @@ import Testing
                 }
             case .cancel: return describe(machine.cancel())
             case .invalidate: return machine.invalidate(now: now) == true ? "publish" : "no-op"
-            case .set: return describe(machine.set([5], now: now, date: date(now)))
-            case .setEmpty: return describe(machine.set([], now: now, date: date(now)))
+            case .set: return describe(machine.set([5], now: now, date: date(now), version: 0))
+            case .setEmpty: return describe(machine.set([], now: now, date: date(now), version: 0))
             case .reset:
                 let (ended, changed) = machine.reset()
                 return describe(ended) + (changed ? "" : " no-op")

@@ -70,8 +70,91 @@ import Testing
         #expect(await soon { reader.profiles.snapshot(for: 1)?.isExpired == true })
         #expect(try await reader.profiles.value(for: 1, source.operation) == "v10")
         #expect(writer.invalidator.messagesResent == 1)
+        // The reader's source calls: its first load, and one for the ten writes.
+        #expect(source.calls.withLock { $0 } == 2)
         writer.runner.cancel()
         reader.runner.cancel()
+    }
+
+    /// Writes through the invalidator with a second level: each stores its value there under a new
+    /// version; with the writer's bus down for 30 s the ten messages coalesce into one, and once the
+    /// bus is back every replica serves the last write — taken from the second level, 0 source calls.
+    @Test func writesDuringTheWritersOutageReachTheFleetWithoutASourceCall() async throws {
+        let clock = VirtualClock()
+        let network = InMemoryInvalidationNetwork()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = Source()
+        source.write("v0", for: 1)
+        var nodes: [Node] = []
+        for _ in 0..<3 {
+            nodes.append(
+                await Node(
+                    network: network, clock: clock,
+                    secondLevel: AsyncStateSecondLevelOptions(level: level.replica(), namespace: "p", codec: .json)))
+        }
+        for node in nodes { #expect(try await node.profiles.value(for: 1, source.operation) == "v0") }
+        #expect(source.calls.withLock { $0 } == 1)
+
+        let writer = nodes[0]
+        writer.bus.disconnect()
+        for version in 1...10 {
+            #expect(
+                try await writer.invalidator.set("w\(version)", for: 1, in: writer.profiles, topic: "profiles")
+                    == .queued)
+            #expect(writer.profiles.snapshot(for: 1)?.value == "w\(version)")
+            await clock.advance(by: .seconds(3))
+        }
+        #expect(level.entry(for: "p:1").map { try? AsyncStateCodec<String>.json.decode($0.payload) } == "w10")
+        #expect(writer.invalidator.messagesPending == 1)
+        #expect(try await nodes[1].profiles.value(for: 1, source.operation) == "v0")  // not told yet
+
+        writer.bus.reconnect()
+        await clock.advance(by: .seconds(10))
+        #expect(await soon { writer.invalidator.messagesPending == 0 })
+        for node in nodes {
+            #expect(
+                await soon {
+                    node.profiles.snapshot(for: 1)?.value == "w10" || node.profiles.snapshot(for: 1)?.isExpired == true
+                })
+            #expect(try await node.profiles.value(for: 1, source.operation) == "w10")
+        }
+        #expect(source.calls.withLock { $0 } == 1)
+        // The writer kept its value: the message's version is its own.
+        #expect(writer.profiles.snapshot(for: 1)?.isExpired == false)
+        for node in nodes { node.runner.cancel() }
+    }
+
+    /// A write through the invalidator while every part is up: the others take it from the second
+    /// level (0 source calls); without a second level they load it from the source once each.
+    @Test(arguments: [true, false])
+    func aWriteThroughOneReplicaCostsTheOthersNoSourceCall(withSecondLevel: Bool) async throws {
+        let clock = VirtualClock()
+        let network = InMemoryInvalidationNetwork()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = Source()
+        source.write("v0", for: 5)
+        var nodes: [Node] = []
+        for _ in 0..<3 {
+            let options =
+                withSecondLevel
+                ? AsyncStateSecondLevelOptions<String>(level: level.replica(), namespace: "p", codec: .json) : nil
+            nodes.append(await Node(network: network, clock: clock, secondLevel: options))
+        }
+        for node in nodes { _ = try await node.profiles.value(for: 5, source.operation) }
+        let before = source.calls.withLock { $0 }
+        // A second later: a write dated as the value a replica holds, at the version it was told of,
+        // is taken for that value (the one a replica must not take back), and loaded from the source.
+        await clock.advance(by: .seconds(1))
+        source.write("v1", for: 5)
+        #expect(
+            try await nodes[0].invalidator.set("v1", for: 5, in: nodes[0].profiles, topic: "profiles") == .published)
+        for node in nodes.dropFirst() {
+            #expect(await soon { node.profiles.snapshot(for: 5)?.isExpired == true })
+            #expect(try await node.profiles.value(for: 5, source.operation) == "v1")
+        }
+        #expect(try await nodes[0].profiles.value(for: 5, source.operation) == "v1")
+        #expect(source.calls.withLock { $0 } - before == (withSecondLevel ? 0 : 2))
+        for node in nodes { node.runner.cancel() }
     }
 
     @Test func flushWaitsUntilTheQueueIsSent() async throws {

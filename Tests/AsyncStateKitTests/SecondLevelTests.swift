@@ -756,6 +756,14 @@ import Testing
         #expect(source.withLock { $0.calls } == 2)
         #expect(level.entry(for: "config:")?.version == 3)
         #expect(states.map { $0.secondLevelStatistics?.hits ?? 0 }.reduce(0, +) == 4)
+
+        // A write through one replica: stored in the second level, taken there by the others.
+        await clock.advance(by: .seconds(1))
+        try await invalidators[2].set(3, in: states[2], topic: "config")
+        #expect(states[2].snapshot.value == 3 && !states[2].snapshot.isExpired)
+        #expect(await soon { states.dropLast().allSatisfy { $0.snapshot.isExpired } })
+        for state in states { #expect(try await state.value(operation) == 3) }
+        #expect(source.withLock { $0.calls } == 2)
         for runner in runners { runner.cancel() }
     }
 

@@ -42,9 +42,12 @@ extension AsyncStateFamily {
     /// Writes `value` for `key`, fresh from now, like ``AsyncState/set(_:)`` (a fetch in flight for the
     /// key ends and its callers get `value`). Reports the value it replaced, if any, as
     /// ``AsyncStateFamilyRemovalReason/replaced``.
+    ///
+    /// This replica's memory only: to write the value into the second level too and announce it to
+    /// the other replicas, use ``AsyncStateInvalidator/set(_:for:in:topic:)``.
     @inlinable
     public func set(_ value: Value, for key: Key) {
-        if let previous = core.set(value, for: key) { core.reportReplaced(key, previous) }
+        if let previous = core.set(value, for: key, version: 0) { core.reportReplaced(key, previous) }
     }
 
     /// Marks `key`'s data expired, like ``AsyncState/invalidate()``; no entry, nothing to do.

@@ -6,11 +6,12 @@ public import Synchronization
 extension FamilyCore {
     /// Writes `value` for `key` as a store's `set` would: in the shard for a new or compact entry,
     /// through the store otherwise. Returns the value it replaced. The family is then trimmed to
-    /// its bounds, `key`'s entry last (see ``trim(after:)``).
-    @inlinable func set(_ value: Value, for key: Key) -> Value? {
+    /// its bounds, `key`'s entry last (see ``trim(after:)``). `version`: the second-level version the
+    /// value was written at (0: not written there).
+    @inlinable func set(_ value: Value, for key: Key, version: UInt64) -> Value? {
         let now = clock.now()
         let (done, inserted, replaced) = shard(for: key).withLock { shard in
-            shard.setIfCompact(value, for: key, at: now, date: clock.date())
+            shard.setIfCompact(value, for: key, at: now, date: clock.date(), version: version)
         }
         if done {
             if inserted { entered(key) } else { trim(after: key) }
@@ -18,7 +19,7 @@ extension FamilyCore {
         }
         return usingNow(key) { store in
             let previous = store.cell.value
-            store.set(value)
+            store.set(value, version: version)
             return previous
         }
     }

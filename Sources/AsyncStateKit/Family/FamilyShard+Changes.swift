@@ -7,17 +7,18 @@ extension FamilyShard {
     /// Writes `value` if `key` has no entry or a compact one that nobody uses: returns `done`,
     /// whether it made the entry, and the value it replaced. Otherwise returns `done == false` and
     /// changes nothing (the caller sets through the store). The write is the data's own
-    /// (``StateData/set(_:isEmpty:shift:now:date:)``, as a store's; see ``settle(_:_:)``).
-    @inlinable mutating func setIfCompact(_ value: Value, for key: Key, at now: Duration, date: Date) -> (
-        done: Bool, inserted: Bool, replaced: Value?
-    ) {
+    /// (``StateData/set(_:isEmpty:shift:now:date:version:)``, as a store's; see ``settle(_:_:)``), at
+    /// second-level `version` (0: not written there).
+    @inlinable mutating func setIfCompact(
+        _ value: Value, for key: Key, at now: Duration, date: Date, version: UInt64
+    ) -> (done: Bool, inserted: Bool, replaced: Value?) {
         let hash = key.hashValue
         let isEmpty = configuration.isEmpty(value)
         let shift = configuration.freshnessShift(of: value)
         guard let slot = table.slot(of: key, hash: hash) else {
             let slot = Int(insert(key, hash: hash, at: now))
             var data = Data(initialValue: nil)
-            data.set(value, isEmpty: isEmpty, shift: shift, now: now, date: date)
+            data.set(value, isEmpty: isEmpty, shift: shift, now: now, date: date, version: version)
             makeCompact(slot, data)
             weigh(slot)
             return (true, true, nil)
@@ -26,7 +27,7 @@ extension FamilyShard {
         let position = table.at(i)
         guard users[i] == 0, table.records[position].store == nil else { return (false, false, nil) }
         let replaced = table.records[position].value
-        settle(i) { $0.set(value, isEmpty: isEmpty, shift: shift, now: now, date: date) }
+        settle(i) { $0.set(value, isEmpty: isEmpty, shift: shift, now: now, date: date, version: version) }
         weigh(i)
         touch(slot, at: now)
         return (true, false, replaced)

@@ -135,15 +135,30 @@ extension AsyncStateInvalidator {
 
     /// A replica's own invalidation: marked in the second levels, applied here, sent.
     private func invalidate(_ message: AsyncStateInvalidation) async throws -> Outcome {
+        try await announce(message) { target, subscribers in await self.markSecondLevels(target, of: subscribers) }
+    }
+
+    /// A replica's own change: made in the second levels by `mark` (which gives a key's version, or
+    /// fails), applied here — the topic's subscribers invalidated, then `write` given the version
+    /// `mark` gave, to write a value here that the invalidation must not undo — and sent, queued if
+    /// the bus refuses it (or a mark is still owed).
+    func announce(
+        _ message: AsyncStateInvalidation,
+        marking mark: (_ target: Target, _ subscribers: [Subscription]) async -> SecondLevelMark,
+        write: ((_ version: UInt64?) -> Void)? = nil
+    ) async throws -> Outcome {
         var message = message
         let target = Target(message)
         let subscribers = subscribers(of: message.topic)
-        let mark = await markSecondLevels(target, of: subscribers)
-        if case .marked(let version) = mark, case .key = target { message.version = version }
+        let marked = await mark(target, subscribers)
+        var version: UInt64?
+        if case .marked(let given) = marked { version = given }
+        if case .key = target { message.version = version }
         InvalidationCause.$message.withValue(message) {
             invalidate(target, version: message.version, in: subscribers)
+            write?(version)
         }
-        return try await send(message, marksSecondLevel: mark == .failed)
+        return try await send(message, marksSecondLevel: marked == .failed)
     }
 
     /// Marks `target` stale in the second levels of `subscribers`: with the key's new version when
@@ -164,7 +179,7 @@ extension AsyncStateInvalidator {
 
     /// Publishes `message` unless its second levels still owe their mark; what is not sent is queued
     /// (without a ``Recovery``, the bus's error is thrown instead).
-    private func send(_ message: AsyncStateInvalidation, marksSecondLevel: Bool) async throws -> Outcome {
+    func send(_ message: AsyncStateInvalidation, marksSecondLevel: Bool) async throws -> Outcome {
         do {
             // The message goes out now even when a mark failed: the replicas drop their data at once.
             // The mark is made later, and the message sent again with the version it gives.

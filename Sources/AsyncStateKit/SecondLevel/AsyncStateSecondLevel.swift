@@ -61,6 +61,33 @@ public protocol AsyncStateSecondLevel: Sendable {
     /// as ``invalidate(_:)`` does each: with a new version for each, so that no write of an earlier
     /// version lands afterwards.
     func invalidateAll(withPrefix prefix: String) async throws
+
+    /// Stores a value written through a replica rather than loaded under a lease (see
+    /// ``AsyncStateInvalidator/set(_:for:in:topic:)``): `entry`'s payload and dates, under a new
+    /// version — greater than every version stored and every token given for `key`, as an
+    /// invalidation's is — whatever is stored, and drops the key's lease, so that a holder that
+    /// loaded before the write cannot overwrite it. `entry.version` is ignored. Returns the version.
+    ///
+    /// The default implementation throws ``AsyncStateSecondLevelPutUnsupported``: a write then marks
+    /// the key stale instead (``invalidate(_:)``), and the other replicas load it from the source.
+    func put(_ entry: AsyncStateStoredEntry, for key: String) async throws -> UInt64
+}
+
+extension AsyncStateSecondLevel {
+    /// Throws ``AsyncStateSecondLevelPutUnsupported``: a second level that does not implement
+    /// ``put(_:for:)`` has a write through a replica mark the key stale instead.
+    public func put(_ entry: AsyncStateStoredEntry, for key: String) async throws -> UInt64 {
+        throw AsyncStateSecondLevelPutUnsupported()
+    }
+}
+
+/// What ``AsyncStateSecondLevel/put(_:for:)`` throws in a second level that does not implement it.
+public struct AsyncStateSecondLevelPutUnsupported: Error, Sendable, Hashable, CustomStringConvertible {
+    /// The error.
+    public init() {}
+
+    /// A readable explanation.
+    public var description: String { "this second level does not store written values (put(_:for:))" }
 }
 
 /// An entry as a second level stores it: the encoded value, when its source answered, until when it

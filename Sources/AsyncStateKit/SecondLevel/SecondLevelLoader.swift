@@ -306,6 +306,21 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         }.value
     }
 
+    /// Stores `value`, written through this replica, as `key`'s entry under a new version
+    /// (``AsyncStateSecondLevel/put(_:for:)``), fresh for its lifetime from now: the version, or `nil`
+    /// when it could not (a fault, a second level without `put`, a value not to be kept — a lifetime
+    /// of zero — or one that does not encode). Tried whatever the backoff, in a task of its own.
+    func put(_ value: Value, key: String) async -> UInt64? {
+        let lifetime = lifetime(value)
+        guard lifetime > .zero, let payload = try? options.codec.encode(value) else { return nil }
+        let date = clock.date()
+        let entry = AsyncStateStoredEntry(
+            payload: payload, succeededAt: date, freshUntil: date.addingTimeInterval(lifetime.timeInterval), version: 0)
+        return await Task(executorPreference: clock.executor) { [self, options] in
+            try? await bounded { try await options.level.put(entry, for: key) }
+        }.value
+    }
+
     /// Marks every entry of this family stale in the second level (as ``invalidate(_:)`` does, tried
     /// whatever the backoff, and not stopped by the caller's cancellation); whether it did.
     func invalidateAll() async -> Bool {

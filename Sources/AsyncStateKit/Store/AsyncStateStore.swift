@@ -302,10 +302,10 @@ final class AsyncStateStore<Value: Sendable>: Sendable {
         }
     }
 
-    @inlinable func set(_ value: Value) {
+    @inlinable func set(_ value: Value, version: UInt64) {
         withCore(byCaller: true) { core, effects in
             let now = clock.now()
-            let ended = core.machine.set(value, now: now, date: clock.date())
+            let ended = core.machine.set(value, now: now, date: clock.date(), version: version)
             publish(core.machine.publication(at: now), in: &effects)
             end(ended, resumingWith: .success(value), in: &core, &effects)
         }

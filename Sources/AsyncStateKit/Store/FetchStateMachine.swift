@@ -355,13 +355,14 @@ struct FetchStateMachine<Value: Sendable, Operation, Handle> {
         return visible
     }
 
-    /// `set(_:)`: a manual (or optimistic) write, fresh from `now`. It wins over the flight in flight:
-    /// that flight ends and its waiters get `newValue`. Publish.
-    @inlinable mutating func set(_ newValue: Value, now: Duration, date: Date) -> EndedFlight {
+    /// `set(_:)`: a manual (or optimistic) write, fresh from `now`, at second-level `version` if it was
+    /// written there too (0: not). It wins over the flight in flight: that flight ends and its
+    /// waiters get `newValue`. Publish.
+    @inlinable mutating func set(_ newValue: Value, now: Duration, date: Date, version: UInt64) -> EndedFlight {
         let ended = endFlight()
         data.set(
             newValue, isEmpty: isEmpty(newValue), shift: configuration.freshnessShift(of: newValue), now: now,
-            date: date)
+            date: date, version: version)
         return ended
     }
 

@@ -20,7 +20,7 @@ public struct FetchStateMachineBenchmark {
             return 0
         }
         _ = machine.attemptFinished(attempt.flight, attempt: attempt.id, outcome: .success(1), now: now, date: date)
-        _ = machine.set(2, now: now, date: date)
+        _ = machine.set(2, now: now, date: date, version: 0)
         _ = machine.invalidate(now: now)
         return attempt.id
     }

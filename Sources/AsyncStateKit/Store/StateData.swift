@@ -193,9 +193,13 @@ struct StateData<Value: Sendable> {
     }
 
     /// A write (`set`): `newValue`, empty by `isEmpty`, fresh from `now` for its own lifetime
-    /// (`shift`, see ``Freshness/from(_:shift:)``), as a fetched value would be.
-    @inlinable mutating func set(_ newValue: Value, isEmpty: Bool, shift: Duration, now: Duration, date: Date) {
+    /// (`shift`, see ``Freshness/from(_:shift:)``), as a fetched value would be; at second-level
+    /// `version` if it was written there too (0: it was not), which the data then knows.
+    @inlinable mutating func set(
+        _ newValue: Value, isEmpty: Bool, shift: Duration, now: Duration, date: Date, version: UInt64
+    ) {
         receive(newValue, isEmpty: isEmpty, date: date)
+        self.version = SecondLevelVersion.merged(version, known: self.version)
         freshSince = now.saturatingAdd(shift)
         receivedAt = now
     }

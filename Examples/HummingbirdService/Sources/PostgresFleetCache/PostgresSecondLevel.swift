@@ -190,6 +190,27 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
         throw CorruptRow(column: "version")
     }
 
+    public func put(_ entry: AsyncStateStoredEntry, for key: String) async throws -> UInt64 {
+        try await prepare()
+        let payload = ByteBuffer(bytes: entry.payload)
+        let (succeededAt, freshUntil) = (
+            entry.succeededAt.timeIntervalSinceReferenceDate, entry.freshUntil.timeIntervalSinceReferenceDate
+        )
+        // As an invalidation, with the value: the version drawn under the row's lock, the lease
+        // dropped (a holder that loaded before this write cannot overwrite it).
+        let rows = try await client.query(
+            """
+            INSERT INTO async_state_entries AS e (key, payload, succeeded_at, fresh_until, version)
+            VALUES (\(key), \(payload), \(succeededAt), \(freshUntil), nextval('async_state_versions'))
+            ON CONFLICT (key) DO UPDATE SET payload = EXCLUDED.payload, succeeded_at = EXCLUDED.succeeded_at,
+                fresh_until = EXCLUDED.fresh_until, version = nextval('async_state_versions'),
+                lease_token = NULL, lease_until = NULL
+            RETURNING e.version
+            """, logger: logger)
+        for try await version in rows.decode(Int64.self) { return try Self.version(version) }
+        throw CorruptRow(column: "version")
+    }
+
     public func invalidateAll(withPrefix prefix: String) async throws {
         try await prepare()
         try await run(

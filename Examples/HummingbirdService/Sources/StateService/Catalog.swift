@@ -239,8 +239,11 @@ public final class Catalog: Sendable {
         }
     }
 
-    /// Writes `settings` for tenant `id` to the store, then invalidates the tenant here and, through
-    /// the bus, on every other replica.
+    /// Writes `settings` for tenant `id` to the store, then writes the new configuration here, in
+    /// the second level (with a new version) and, through the bus, announces it to every other
+    /// replica, which takes it from the second level without reading the store
+    /// (`AsyncStateInvalidator.set(_:for:in:topic:)`). Without a second level the others read the
+    /// store once each; without a bus it is written here only.
     ///
     /// - Throws: The store's error; nothing was written then.
     public func writeTenant(_ id: String, settings: [String: String]) async throws -> (
@@ -248,7 +251,8 @@ public final class Catalog: Sendable {
     ) {
         let config = try await tenantStore.write(id, settings: settings)
         let announcement = await announce(
-            locally: { $0.invalidate(id) }, through: { try await $0.invalidate(Self.tenantsTopic, key: id) })
+            locally: { $0.set(config, for: id) },
+            through: { [tenants] in try await $0.set(config, for: id, in: tenants, topic: Self.tenantsTopic) })
         return (config, announcement)
     }
 }

@@ -103,6 +103,23 @@ extension RealServerTests {
                 let marker = try #require(try await level.read(unseen))
                 #expect(marker.payload.isEmpty && marker.freshUntil < Date() && markerVersion > third)
 
+                // A put (a value written through a replica): stored whatever is there, under a new
+                // version, the lease dropped; a holder that loaded before it cannot overwrite it.
+                guard case .acquired(let holder, _) = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                    Issue.record("a free lease was not given")
+                    return
+                }
+                var putEntry = Self.entry("written", version: 0)
+                let put = try await level.put(putEntry, for: key)
+                #expect(put > holder && put > markerVersion)
+                putEntry.version = put
+                #expect(try await level.read(key) == putEntry)
+                #expect(try await !level.write(Self.entry("loaded before", version: holder), for: key))
+                guard case .acquired(_, put?) = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                    Issue.record("a put left the lease held, or the grant did not name its version")
+                    return
+                }
+
                 // A lease expires on the server's clock.
                 let short = prefix + "short"
                 guard case .acquired = try await level.acquireLease(on: short, for: .milliseconds(50)) else {
@@ -159,7 +176,8 @@ extension RealServerTests {
                     for index in 0..<60 {
                         group.addTask {
                             if index % 2 == 0 { return (try await level.invalidate(key), nil) }
-                            guard case .acquired(let token, _) = try await level.acquireLease(on: key, for: .seconds(10))
+                            guard
+                                case .acquired(let token, _) = try await level.acquireLease(on: key, for: .seconds(10))
                             else { return (nil, nil) }
                             let stored = try await level.write(Self.entry("\(index)", version: token), for: key)
                             try await level.releaseLease(on: key, token: token)
