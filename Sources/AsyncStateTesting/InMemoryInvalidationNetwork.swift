@@ -13,21 +13,51 @@ import Synchronization
 /// from then on, and what was published before is not delivered to it.
 ///
 /// It can misbehave the way real buses do: ``Bus/disconnect()`` loses the messages meant for a
-/// replica until ``Bus/reconnect()`` (which delivers `.reconnected`),
-/// and ``duplicatesDeliveries`` delivers every message twice (at-least-once delivery).
+/// replica until ``Bus/reconnect()`` (which delivers `.reconnected`), ``Bus/refusesPublishing``
+/// refuses a replica's publications while it still receives (the sender's outage alone),
+/// ``duplicatesDeliveries`` delivers every message twice (at-least-once delivery), and on a network
+/// made with a clock, ``deliveryDelay`` delays each delivery by a seeded random amount — messages
+/// published close together then arrive out of order.
 public final class InMemoryInvalidationNetwork: Sendable {
     /// The replicas' connections, held weakly: a bus holds its network, not the reverse.
     private let buses = Mutex<[WeakBus]>([])
     private struct WeakBus: Sendable { weak var bus: Bus? }
     private let duplicates = Atomic<Bool>(false)
+    /// The delay range and the generator that draws from it.
+    private let delays = Mutex<(range: ClosedRange<Duration>?, random: SplitMix64)>((nil, SplitMix64(seed: 0)))
+    /// Runs a delivery after a delay on the network's clock; `nil` without a clock.
+    private let later: (@Sendable (Duration, @escaping @Sendable () -> Void) -> Void)?
 
-    /// An empty network.
-    public init() {}
+    /// An empty network, delivering at once.
+    public init() { later = nil }
+
+    /// An empty network whose deliveries can be delayed (``deliveryDelay``) on `clock`, each by an
+    /// amount drawn from a generator seeded with `seed`: the same seed, the same delays. On a
+    /// `VirtualClock` the delayed deliveries take part in its settling.
+    public init<C: Clock<Duration>>(clock: C, seed: UInt64) {
+        delays.withLock { $0.random = SplitMix64(seed: seed) }
+        let virtual = clock as? VirtualClock
+        later = { delay, deliver in
+            let body: @Sendable () async throws -> Void = {
+                try await clock.sleep(for: delay)
+                deliver()
+            }
+            if let virtual { virtual.task(body) } else { Task { try await body() } }
+        }
+    }
 
     /// Whether every message is delivered twice.
     public var duplicatesDeliveries: Bool {
         get { duplicates.load(ordering: .relaxed) }
         set { duplicates.store(newValue, ordering: .relaxed) }
+    }
+
+    /// How long each delivery takes, drawn for each message and receiver from this range (`nil`, the
+    /// default: at once). Only on a network made with a clock (``init(clock:seed:)``); ignored
+    /// otherwise. A receiver disconnected when the delivery arrives loses it.
+    public var deliveryDelay: ClosedRange<Duration>? {
+        get { delays.withLock { $0.range } }
+        set { delays.withLock { $0.range = newValue } }
     }
 
     /// A new replica's connection.
@@ -44,7 +74,25 @@ public final class InMemoryInvalidationNetwork: Sendable {
         let receivers = buses.withLock { $0.compactMap(\.bus).filter { $0 !== sender } }
         let copies = duplicatesDeliveries ? 2 : 1
         for receiver in receivers {
-            for _ in 0..<copies { receiver.deliver(.invalidate(invalidation)) }
+            for _ in 0..<copies {
+                if let later, let delay = nextDelay() {
+                    later(delay) { receiver.deliver(.invalidate(invalidation)) }
+                } else {
+                    receiver.deliver(.invalidate(invalidation))
+                }
+            }
+        }
+    }
+
+    /// The next delivery's delay, if deliveries are delayed.
+    private func nextDelay() -> Duration? {
+        delays.withLock { delays in
+            guard let range = delays.range else { return nil }
+            let (low, high) = (range.lowerBound.attoseconds, range.upperBound.attoseconds)
+            guard high > low else { return range.lowerBound }
+            let span = UInt64(clamping: (high - low) / 1_000_000_000)  // nanoseconds
+            let draw = span == .max ? delays.random.next() : delays.random.next() % (span + 1)
+            return range.lowerBound + .nanoseconds(Int64(clamping: draw))
         }
     }
 
@@ -52,6 +100,7 @@ public final class InMemoryInvalidationNetwork: Sendable {
     public final class Bus: AsyncStateInvalidationBus {
         private struct State {
             var connected = true
+            var refusesPublishing = false
             var listeners: [Int: AsyncStream<AsyncStateInvalidationDelivery>.Continuation] = [:]
             var nextListener = 0
             var delivered = 0
@@ -68,9 +117,9 @@ public final class InMemoryInvalidationNetwork: Sendable {
 
         /// Sends `invalidation` to every other replica that is connected.
         ///
-        /// - Throws: ``Disconnected`` while this replica is disconnected.
+        /// - Throws: ``Disconnected`` while this replica is disconnected or refuses to publish.
         public func publish(_ invalidation: AsyncStateInvalidation) async throws {
-            guard state.withLock({ $0.connected }) else { throw Disconnected() }
+            guard state.withLock({ $0.connected && !$0.refusesPublishing }) else { throw Disconnected() }
             network.send(invalidation, from: self)
         }
 
@@ -96,6 +145,13 @@ public final class InMemoryInvalidationNetwork: Sendable {
         /// ``reconnect()``.
         public func disconnect() {
             state.withLock { $0.connected = false }
+        }
+
+        /// Whether this replica's publications are refused (``publish(_:)`` throws) while it still
+        /// receives the others': the sender's outage alone.
+        public var refusesPublishing: Bool {
+            get { state.withLock { $0.refusesPublishing } }
+            set { state.withLock { $0.refusesPublishing = newValue } }
         }
 
         /// Connects again and delivers `.reconnected`.
