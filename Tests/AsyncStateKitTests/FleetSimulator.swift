@@ -21,7 +21,8 @@ final class FleetSimulation: @unchecked Sendable {
 
     /// The promises checked.
     enum Promise: String, CaseIterable, Sendable {
-        /// A replica never serves a version older than one it served (per key, per incarnation).
+        /// A replica never serves a version older than one it served, while the key stays in its
+        /// memory (per key, per incarnation; an eviction forgets it).
         case monotonic
         /// Once the bus and the second level have been up past the recovery bound, every replica
         /// serves the latest change.
@@ -101,10 +102,18 @@ final class FleetSimulation: @unchecked Sendable {
     static let recoveryBound = Duration.seconds(5)
     static let familyCapacity = 3
 
-    init(seed: UInt64, replicas: Int = 3, keys: Int = 4, steps: Int = 40, sabotage: Sabotage? = nil) {
+    /// Whether the families' second-level writes go behind their answers (drawn from the seed).
+    let writesInBackground: Bool
+
+    /// A simulation of `replicas` replicas (drawn from the seed, 2 to 4, when `nil`) over `keys` keys
+    /// for `steps` steps.
+    init(seed: UInt64, replicas: Int? = nil, keys: Int = 4, steps: Int = 40, sabotage: Sabotage? = nil) {
         self.seed = seed
+        var random = SplitMix64(seed: seed)
+        let replicas = replicas ?? 2 + Int(random.next() % 3)
+        writesInBackground = random.next() % 2 == 0
+        self.random = random
         (replicaCount, keyCount, stepCount, self.sabotage) = (replicas, keys, steps, sabotage)
-        random = SplitMix64(seed: seed)
         level = InMemorySecondLevel(clock: clock)
         network = InMemoryInvalidationNetwork(clock: clock, seed: seed ^ 0x5eed)
         source = Source(keys: keys, clock: clock, seed: seed, hangs: sabotage == .noTimeout)
@@ -131,6 +140,9 @@ final class FleetSimulation: @unchecked Sendable {
     // MARK: Running
 
     func run() async -> Report {
+        note(
+            "\(replicaCount) replicas, \(keyCount) keys, second-level writes \(writesInBackground ? "behind the answer" : "before it")"
+        )
         for index in 0..<replicaCount { replicas.append(await makeReplica(index)) }
         for step in 1...stepCount {
             await runStep(step)
@@ -398,12 +410,20 @@ final class FleetSimulation: @unchecked Sendable {
             case .noLeases: AlwaysGranted(connection: connection)
             default: connection
             }
+        // What the replica served of a key it no longer holds is forgotten with the key: the promise
+        // is kept while the key stays in its memory (an evicted key comes back as the second level
+        // or the source has it).
+        let newest = LockedValue<[Int: Int]>([:])
         let family = AsyncStateFamily<Int, Int>(
             expiry: Self.expiry, capacity: Self.familyCapacity, clock: clock,
             timeout: sabotage == .noTimeout ? nil : Self.timeout, maxStaleAge: .seconds(300),
+            onRemoval: { key, _, reason in
+                if reason != .replaced { newest.withLock { _ = $0.removeValue(forKey: key) } }
+            },
             secondLevel: AsyncStateSecondLevelOptions(
                 level: levelView, namespace: "n", codec: .json, timeout: Self.levelTimeout,
-                leaseDuration: .seconds(3), maximumFaultBackoff: Self.maximumFaultBackoff))
+                leaseDuration: .seconds(3), maximumFaultBackoff: Self.maximumFaultBackoff,
+                writesInBackground: writesInBackground))
         let bus = network.bus()
         let invalidator = AsyncStateInvalidator(
             bus: bus, invalidateAllInterval: .zero, clock: clock,
@@ -411,7 +431,8 @@ final class FleetSimulation: @unchecked Sendable {
         invalidator.subscribe(family, to: Self.topic)
         let runner = clock.task { await invalidator.run() }
         await clock.advance(by: .zero)
-        return Replica(family: family, invalidator: invalidator, bus: bus, connection: connection, runner: runner)
+        return Replica(
+            family: family, invalidator: invalidator, bus: bus, connection: connection, runner: runner, newest: newest)
     }
 
     /// One replica: its family, its invalidator and bus, its connection to the second level, and the
@@ -424,12 +445,15 @@ final class FleetSimulation: @unchecked Sendable {
         let runner: Task<Void, any Error>
         /// Announcements (changes, writes) it has started and not finished: a crash loses them.
         let announcing = LockedValue(0)
-        private let newest = LockedValue<[Int: Int]>([:])
+        private let newest: LockedValue<[Int: Int]>
 
         init(
             family: AsyncStateFamily<Int, Int>, invalidator: AsyncStateInvalidator,
-            bus: InMemoryInvalidationNetwork.Bus, connection: InMemorySecondLevel.Replica, runner: Task<Void, any Error>
+            bus: InMemoryInvalidationNetwork.Bus, connection: InMemorySecondLevel.Replica,
+            runner: Task<Void, any Error>,
+            newest: LockedValue<[Int: Int]>
         ) {
+            self.newest = newest
             (self.family, self.invalidator, self.bus, self.connection, self.runner) = (
                 family, invalidator, bus, connection, runner
             )
