@@ -25,7 +25,8 @@ public struct AsyncSnapshot<Value: Sendable>: Sendable {
     public var failureCount: Int
     /// The error of the most recent failed attempt, kept after later successes (until ``AsyncState/reset()``).
     public var lastError: (any Error)?
-    /// The wall date of the most recent success, kept while later fetches load or fail.
+    /// The wall date of the most recent success or write (``AsyncState/set(_:)``): the date of the
+    /// value held, kept while later fetches load or fail.
     public var lastSuccess: Date?
     /// How many fetches have succeeded since the state was created (or reset).
     public var successCount: Int

@@ -222,4 +222,53 @@ import Testing
         #expect(level.entry(for: "behind:3")?.version == 2)
         #expect(level.entry(for: "behind:3")?.payload.isEmpty == true)
     }
+
+    /// Twenty keys loaded together through the second level with a jitter of 10 s on a 60 s expiry
+    /// expire at spread instants between 50 and 60 s — on the loading replica and on another that
+    /// takes them from the second level — and the same ones on every run.
+    @Test func keysLoadedTogetherExpireApartAndTheSameEveryRun() async throws {
+        func expiries() async throws -> (loader: [Duration], taker: [Duration]) {
+            let clock = VirtualClock()
+            let level = InMemorySecondLevel(clock: clock)
+            let families = (0..<2).map { _ in
+                AsyncStateFamily<Int, Int>(
+                    expiry: .seconds(60), clock: clock,
+                    secondLevel: AsyncStateSecondLevelOptions(
+                        level: level.replica(), namespace: "spread", codec: .json, expiryJitter: .seconds(10)))
+            }
+            for family in families {
+                let loads = (0..<20).map { key in clock.task { try await family.value(for: key) { $0 } } }
+                await clock.advance(by: .zero)
+                for load in loads { _ = try await load.value }
+            }
+            // The instant each key expires: the first second at which its snapshot says so.
+            var found: [[Duration]] = [Array(repeating: .zero, count: 20), Array(repeating: .zero, count: 20)]
+            for second in 1...61 {
+                await clock.advance(to: .init(offset: .seconds(second)))
+                for (index, family) in families.enumerated() {
+                    for key in 0..<20 where found[index][key] == .zero && family.snapshot(for: key)?.isExpired == true {
+                        found[index][key] = .seconds(second)
+                    }
+                }
+            }
+            return (found[0], found[1])
+        }
+        let first = try await expiries()
+        #expect(first.loader == first.taker)
+        #expect(first.loader.allSatisfy { $0 >= .seconds(51) && $0 <= .seconds(60) })
+        #expect(Set(first.loader).count >= 5)  // spread over the ten seconds, not one instant
+        let second = try await expiries()
+        #expect(second.loader == first.loader)
+    }
+
+    /// The jitter never makes a value expire at once, nor lengthens a lifetime.
+    @Test func theJitterStaysWithinTheLifetime() {
+        for version in UInt64(1)...1_000 {
+            let short = SecondLevelLoader<Int>.jittered(.seconds(1), by: .seconds(10), key: "k", version: version)
+            #expect(short > .zero && short <= .seconds(1))
+            let long = SecondLevelLoader<Int>.jittered(.seconds(60), by: .seconds(10), key: "k", version: version)
+            #expect(long >= .seconds(50) && long <= .seconds(60))
+        }
+        #expect(SecondLevelLoader<Int>.jittered(.seconds(60), by: .zero, key: "k", version: 1) == .seconds(60))
+    }
 }

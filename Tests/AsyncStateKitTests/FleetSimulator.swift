@@ -104,6 +104,8 @@ final class FleetSimulation: @unchecked Sendable {
 
     /// Whether the families' second-level writes go behind their answers (drawn from the seed).
     let writesInBackground: Bool
+    /// Whether every replica's events go into the schedule too (for a replay).
+    var tracesEvents = false
 
     /// A simulation of `replicas` replicas (drawn from the seed, 2 to 4, when `nil`) over `keys` keys
     /// for `steps` steps.
@@ -160,6 +162,8 @@ final class FleetSimulation: @unchecked Sendable {
             return report
         }
     }
+
+    fileprivate func noteEvent(_ line: String) { note(line) }
 
     private func note(_ line: String) {
         let at = clock.now.offset
@@ -420,6 +424,7 @@ final class FleetSimulation: @unchecked Sendable {
             onRemoval: { key, _, reason in
                 if reason != .replaced { newest.withLock { _ = $0.removeValue(forKey: key) } }
             },
+            name: "r\(index)", observer: tracesEvents ? EventTrace(simulation: self) : nil,
             secondLevel: AsyncStateSecondLevelOptions(
                 level: levelView, namespace: "n", codec: .json, timeout: Self.levelTimeout,
                 leaseDuration: .seconds(3), maximumFaultBackoff: Self.maximumFaultBackoff,
@@ -517,6 +522,15 @@ final class FleetSimulation: @unchecked Sendable {
                 return version
             }
         }
+    }
+}
+
+/// Writes every event of a replica's family into the simulation's schedule.
+private struct EventTrace: AsyncStateObserver {
+    let simulation: FleetSimulation
+    func observe(_ event: AsyncStateEvent) {
+        if case .hit = event.kind { return }
+        simulation.noteEvent("  \(event.name) k\(event.key ?? "-") \(event.kind)")
     }
 }
 

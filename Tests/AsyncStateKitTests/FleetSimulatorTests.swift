@@ -68,7 +68,9 @@ import Testing
     @Test(.enabled(if: environment["FLEET_SEED"] != nil))
     func replay() async {
         let seed = Self.environment["FLEET_SEED"].flatMap(UInt64.init) ?? 0
-        let report = await FleetSimulation(seed: seed).run()
+        let simulation = FleetSimulation(seed: seed)
+        simulation.tracesEvents = Self.environment["FLEET_TRACE"] != nil
+        let report = await simulation.run()
         print(report.schedule.joined(separator: "\n"))
         for (promise, message) in report.violations { print("VIOLATION \(promise): \(message)") }
         #expect(report.violations.isEmpty)

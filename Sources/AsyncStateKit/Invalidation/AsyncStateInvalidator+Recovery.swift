@@ -243,7 +243,8 @@ extension AsyncStateInvalidator {
             if Task.isCancelled { break }
             var message = pending.message
             if pending.marksSecondLevel {
-                let mark = await markSecondLevels(Target(message), of: subscribers(of: message.topic))
+                let subscribers = subscribers(of: message.topic)
+                let mark = await markSecondLevels(Target(message), of: subscribers)
                 guard case .marked(let version) = mark else { continue }
                 // Only a key's message carries a version; sent as the queue holds it now (with what
                 // was coalesced into it meanwhile).
@@ -251,6 +252,12 @@ extension AsyncStateInvalidator {
                 message = state.withLock { state in
                     state.queue?.marked(slot, generation: pending.generation, version: keyVersion)
                     return state.queue?.pending[slot]?.message ?? message
+                }
+                // Applied here again, with the version: until the mark, the second level still held
+                // the old entry as fresh, and this replica may have taken it back since (a key it
+                // evicted and read again) — as any other replica may, which the message tells.
+                InvalidationCause.$message.withValue(message) {
+                    invalidate(Target(message), version: message.version, in: subscribers)
                 }
             }
             do {

@@ -62,6 +62,15 @@ public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
     /// every replica hears invalidations; the refusals are counted
     /// (``AsyncStateSecondLevelStatistics/refusedWrites``) and reported after the fetch.
     public var writesInBackground: Bool
+    /// The most by which a value loaded through the second level is made fresh for less than its
+    /// lifetime: each load's value is fresh for its lifetime less an amount between zero and this,
+    /// here and in the second level's entry (which the other replicas take with it), so that keys
+    /// loaded together do not expire — and reload from the source — together. The amount is drawn
+    /// from the key and the load's version: the same schedule, the same expiries, under a
+    /// `VirtualClock` as on the real clock. Zero (the default): no jitter. Never more than the
+    /// lifetime: a value is never stored already expired. Values the source answers while the second
+    /// level is skipped (after a fault), and writes through the invalidator, are not jittered.
+    public var expiryJitter: Duration
 
     /// Creates the options.
     ///
@@ -78,6 +87,8 @@ public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
     ///   - maximumFaultBackoff: The longest it is skipped after repeated faults.
     ///   - writesInBackground: Whether the holder answers before its write (see
     ///     ``writesInBackground``).
+    ///   - expiryJitter: The most by which a loaded value's freshness is shortened (see
+    ///     ``expiryJitter``).
     ///
     /// Durations are clamped to `0...AsyncStateLimits.maximumDuration`; a `timeout` or a
     /// `pollInterval` below a millisecond is a millisecond (a call is never unbounded, and a
@@ -87,7 +98,7 @@ public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
         timeout: Duration = .milliseconds(250), leaseDuration: Duration = .seconds(10),
         pollInterval: Duration = .milliseconds(25), maximumWait: Duration? = nil,
         faultBackoff: Duration = .seconds(1), maximumFaultBackoff: Duration = .seconds(30),
-        writesInBackground: Bool = false
+        writesInBackground: Bool = false, expiryJitter: Duration = .zero
     ) {
         self.level = level
         self.namespace = namespace
@@ -101,6 +112,7 @@ public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
         self.faultBackoff = faultBackoff.clampedToLimits
         self.maximumFaultBackoff = max(maximumFaultBackoff.clampedToLimits, self.faultBackoff)
         self.writesInBackground = writesInBackground
+        self.expiryJitter = expiryJitter.clampedToLimits
     }
 }
 

@@ -205,7 +205,7 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             return answer
         }
         let date = clock.date()
-        let lifetime = lifetime(value)
+        let lifetime = Self.jittered(lifetime(value), by: options.expiryJitter, key: key, version: token)
         guard lifetime > .zero, let payload = try? options.codec.encode(value) else {
             note(.loaded(version: nil), load)
             return answer
@@ -252,6 +252,22 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             note(.loaded(version: nil), load)
             return answer
         }
+    }
+
+    /// `lifetime` less an amount in `0...jitter` (never more than `lifetime` less a nanosecond)
+    /// drawn from `key` and `version`: the one rule of expiry jitter
+    /// (``AsyncStateSecondLevelOptions/expiryJitter``).
+    static func jittered(_ lifetime: Duration, by jitter: Duration, key: String, version: UInt64) -> Duration {
+        guard jitter > .zero, lifetime > .nanoseconds(1) else { return lifetime }
+        // FNV-1a over the key's bytes, mixed with the version (stable across processes, unlike
+        // `Hasher`).
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in key.utf8 { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
+        var random = SplitMix64(seed: hash ^ version)
+        let bound = min(jitter, lifetime - .nanoseconds(1))
+        let nanoseconds = UInt64(clamping: bound.attoseconds / 1_000_000_000)
+        let draw = nanoseconds == .max ? random.next() : random.next() % (nanoseconds + 1)
+        return lifetime - .nanoseconds(Int64(clamping: draw))
     }
 
     /// Gives the lease back, within the timeout; a fault only counts.

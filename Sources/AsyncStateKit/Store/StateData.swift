@@ -45,7 +45,7 @@ struct StateData<Value: Sendable> {
     @usableFromInline var failureCount: Int
     /// The error of the most recent failed attempt, even if a later fetch succeeded.
     @usableFromInline var lastError: (any Error)?
-    /// The wall date of the most recent success.
+    /// The wall date of the most recent success or write (`set`): the date of the value held.
     @usableFromInline var lastSuccess: Date?
     /// How many fetches have succeeded.
     @usableFromInline var successCount: Int
@@ -194,11 +194,14 @@ struct StateData<Value: Sendable> {
 
     /// A write (`set`): `newValue`, empty by `isEmpty`, fresh from `now` for its own lifetime
     /// (`shift`, see ``Freshness/from(_:shift:)``), as a fetched value would be; at second-level
-    /// `version` if it was written there too (0: it was not), which the data then knows.
+    /// `version` if it was written there too (0: it was not), which the data then knows. Its date is
+    /// the value's (``lastSuccess``): no second-level entry from before the write is taken over it
+    /// (``SecondLevelVersion/takes(_:succeededAt:over:known:)``), and an archive dates it so.
     @inlinable mutating func set(
         _ newValue: Value, isEmpty: Bool, shift: Duration, now: Duration, date: Date, version: UInt64
     ) {
         receive(newValue, isEmpty: isEmpty, date: date)
+        lastSuccess = date
         self.version = SecondLevelVersion.merged(version, known: self.version)
         freshSince = now.saturatingAdd(shift)
         receivedAt = now
