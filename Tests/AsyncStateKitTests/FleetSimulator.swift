@@ -104,6 +104,8 @@ final class FleetSimulation: @unchecked Sendable {
 
     /// Whether the families' second-level writes go behind their answers (drawn from the seed).
     let writesInBackground: Bool
+    /// The second level's expiry jitter (drawn from the seed: none, or 10 s).
+    let expiryJitter: Duration
     /// Whether every replica's events go into the schedule too (for a replay).
     var tracesEvents = false
 
@@ -114,6 +116,7 @@ final class FleetSimulation: @unchecked Sendable {
         var random = SplitMix64(seed: seed)
         let replicas = replicas ?? 2 + Int(random.next() % 3)
         writesInBackground = random.next() % 2 == 0
+        expiryJitter = random.next() % 2 == 0 ? .zero : .seconds(10)
         self.random = random
         (replicaCount, keyCount, stepCount, self.sabotage) = (replicas, keys, steps, sabotage)
         level = InMemorySecondLevel(clock: clock)
@@ -143,7 +146,7 @@ final class FleetSimulation: @unchecked Sendable {
 
     func run() async -> Report {
         note(
-            "\(replicaCount) replicas, \(keyCount) keys, second-level writes \(writesInBackground ? "behind the answer" : "before it")"
+            "\(replicaCount) replicas, \(keyCount) keys, second-level writes \(writesInBackground ? "behind the answer" : "before it"), expiry jitter \(expiryJitter)"
         )
         for index in 0..<replicaCount { replicas.append(await makeReplica(index)) }
         for step in 1...stepCount {
@@ -428,7 +431,7 @@ final class FleetSimulation: @unchecked Sendable {
             secondLevel: AsyncStateSecondLevelOptions(
                 level: levelView, namespace: "n", codec: .json, timeout: Self.levelTimeout,
                 leaseDuration: .seconds(3), maximumFaultBackoff: Self.maximumFaultBackoff,
-                writesInBackground: writesInBackground))
+                writesInBackground: writesInBackground, expiryJitter: expiryJitter))
         let bus = network.bus()
         let invalidator = AsyncStateInvalidator(
             bus: bus, invalidateAllInterval: .zero, clock: clock,
