@@ -19,7 +19,9 @@ import ServiceLifecycle
 ///   without it, 403 when the service has no token), a body of at most 16 KiB (413), and settings
 ///   within ``TenantConfig/validate(_:)`` (400).
 /// - A request the service cannot read gets 400 with a fixed message, which never echoes the input.
-/// - `GET /ready`: 503 until the critical states have data; `GET /health`: 200 while running.
+/// - `GET /ready`: 503, with the reason as its body, until the critical states have data and while
+///   the tenant store does not answer its probe (a wrong password, a missing database, a TLS
+///   mismatch, an unreachable server); `GET /health`: 200 while running.
 /// - `GET /metrics`: the Prometheus registry, state metrics included.
 /// - Every request is a span (`TracingMiddleware`), the parent of the loads it starts and the waits
 ///   it joins.
@@ -82,9 +84,12 @@ public func buildRouter(
         let written: (TenantConfig, Catalog.Announcement)
         do {
             written = try await catalog.writeTenant(id, settings: tenantSettings)
+        } catch let error as TenantStoreUnavailable {
+            context.logger.error("tenant write failed", metadata: ["tenant": "\(id)", "error": "\(error)"])
+            return .plain(.serviceUnavailable, "\(error)", [.retryAfter: "1"])
         } catch {
             context.logger.error("tenant write failed", metadata: ["tenant": "\(id)", "error": "\(error)"])
-            return Response(status: .serviceUnavailable, headers: [.retryAfter: "1"])
+            return .plain(.serviceUnavailable, "the tenant store could not be written", [.retryAfter: "1"])
         }
         return Response(
             status: .ok,
@@ -92,7 +97,8 @@ public func buildRouter(
             body: ResponseBody(byteBuffer: ByteBuffer(bytes: try JSONEncoder().encode(written.0))))
     }
     router.get("/ready") { _, _ -> Response in
-        catalog.isReady ? Response(status: .ok) : Response(status: .serviceUnavailable, headers: [.retryAfter: "1"])
+        guard let reason = catalog.notReadyReason else { return Response(status: .ok) }
+        return .plain(.serviceUnavailable, "not ready: \(reason)", [.retryAfter: "1"])
     }
     router.get("/health") { _, _ in HTTPResponse.Status.ok }
     router.get("/metrics") { _, _ -> Response in
@@ -137,23 +143,29 @@ extension Response {
     static func badRequest(_ message: String) -> Response { .plain(.badRequest, message) }
 }
 
-/// The whole service: the router, and the ``RefreshService`` run by the application's service group
-/// (which handles SIGTERM and SIGINT with a graceful shutdown), after `services` (a database client,
-/// an invalidation bus), which are shut down last, after the server and the refreshes.
+/// The whole service: the router, and the ``RefreshService`` (unless `refreshes` is false: the
+/// caller runs ``buildRefreshService(catalog:settings:logger:)`` itself) run by the application's
+/// service group after `services` (a database client, an invalidation bus), which are shut down
+/// last, after the server and the refreshes.
 public func buildApplication(
     catalog: Catalog, settings: Settings, registry: PrometheusCollectorRegistry, logger: Logger,
-    services: [any Service] = [], now: @escaping @Sendable () -> Date = { Date() }
+    services: [any Service] = [], refreshes: Bool = true, now: @escaping @Sendable () -> Date = { Date() }
 ) -> some ApplicationProtocol {
     Application(
         router: buildRouter(catalog: catalog, settings: settings, registry: registry, now: now),
         configuration: .init(address: .hostname(settings.host, port: settings.port), serverName: "state-service"),
-        services: services + [
-            RefreshService(
-                catalog: catalog, interval: settings.configRefreshInterval,
-                stateFile: settings.stateFile.map { AsyncStateArchiveFile(url: URL(fileURLWithPath: $0)) },
-                logger: logger)
-        ],
+        services: services
+            + (refreshes ? [buildRefreshService(catalog: catalog, settings: settings, logger: logger)] : []),
         logger: logger)
+}
+
+/// The states' background work (``RefreshService``) as `settings` configure it: the refresh
+/// interval, the state file, and the tenant store's readiness probe (with `POSTGRES_URL`).
+public func buildRefreshService(catalog: Catalog, settings: Settings, logger: Logger) -> RefreshService {
+    RefreshService(
+        catalog: catalog, interval: settings.configRefreshInterval,
+        stateFile: settings.stateFile.map { AsyncStateArchiveFile(url: URL(fileURLWithPath: $0)) },
+        probeInterval: settings.postgres == nil ? nil : settings.storeProbeInterval, logger: logger)
 }
 
 /// Applies an invalidator's deliveries until graceful shutdown (or until its bus stops).

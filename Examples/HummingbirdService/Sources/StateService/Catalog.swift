@@ -1,6 +1,7 @@
 import AsyncStateKit
 import Foundation
 import Metrics
+import Synchronization
 
 /// The service's fetched data: one state per route and a family per path parameter, each configured
 /// at run time from ``Settings`` (so they are plain `let`s made in `init`, not `@AsyncState` wrappers
@@ -43,8 +44,15 @@ public final class Catalog: Sendable {
     /// fleet costs its source.
     let tenantReads: Counter
 
+    /// Why the tenant store is not usable, from the last readiness probe (`nil`: it answered, or
+    /// it has not been probed yet).
+    private let storeProblem = Mutex<String?>(nil)
+
     /// The invalidation topic of ``tenants`` (a message's key is the tenant id).
     public static let tenantsTopic = "tenants"
+
+    /// The states' names, as the observers label them.
+    public static let stateNames = ["config", "rates", "profiles", "tenants"]
 
     /// Makes the states; they fetch nothing until asked.
     ///
@@ -65,7 +73,8 @@ public final class Catalog: Sendable {
         observer: (any AsyncStateObserver)? = nil, tenantStore: any TenantStore = InMemoryTenantStore(),
         bus: (any AsyncStateInvalidationBus)? = nil, authenticator: (any AsyncStateInvalidationAuthenticator)? = nil,
         secondLevel: (any AsyncStateSecondLevel)? = nil, metrics: any MetricsFactory = MetricsSystem.factory,
-        invalidationMetadata: (@Sendable () -> [String: String])? = nil
+        invalidationMetadata: (@Sendable () -> [String: String])? = nil,
+        invalidatorEvents: (@Sendable (AsyncStateInvalidator.Event) -> Void)? = nil
     ) {
         profileBatch = (settings.profileBatchWindow, settings.profileBatchSize)
         profileBatches = Counter(label: "upstream_profile_batches_total", factory: metrics)
@@ -77,7 +86,7 @@ public final class Catalog: Sendable {
         )
         .retrying { ($0 as? UpstreamError) != .notFound }
         self.upstream = upstream
-        self.tenantStore = tenantStore
+        self.tenantStore = BoundedTenantStore(tenantStore, timeout: settings.storeTimeout)
         config = AsyncState(
             wrappedValue: ServiceConfig(version: 0, features: [:]), expiry: settings.configExpiry, clock: clock,
             retry: retry, timeout: settings.fetchTimeout, softTimeout: settings.softTimeout,
@@ -111,14 +120,36 @@ public final class Catalog: Sendable {
         invalidator = bus.map {
             AsyncStateInvalidator(
                 bus: $0, authenticator: authenticator, invalidateAllInterval: settings.invalidateAllInterval,
-                clock: clock, metadata: invalidationMetadata)
+                clock: clock, metadata: invalidationMetadata, events: invalidatorEvents)
         }
         invalidator?.subscribe(tenants, to: Self.tenantsTopic)
     }
 
-    /// Whether every critical state has a value (fetched once; it may have expired since): what
-    /// `/ready` reports.
-    public var isReady: Bool { config.snapshot.hasValue }
+    /// Whether every critical state has a value (fetched once; it may have expired since) and the
+    /// tenant store answered the last probe: what `/ready` reports.
+    public var isReady: Bool { notReadyReason == nil }
+
+    /// Why the service is not ready, for `/ready`'s body: `nil` when it is.
+    public var notReadyReason: String? {
+        if let problem = storeProblem.withLock({ $0 }) { return problem }
+        return config.snapshot.hasValue ? nil : "the configuration has not loaded yet"
+    }
+
+    /// Asks the tenant store whether it answers (within the store timeout), and keeps the reason
+    /// if it does not; returns it.
+    @discardableResult
+    public func probeStore() async -> String? {
+        var problem: String?
+        do {
+            try await tenantStore.probe()
+        } catch is CancellationError {
+            return storeProblem.withLock { $0 }
+        } catch {
+            problem = "\(error)"
+        }
+        storeProblem.withLock { $0 = problem }
+        return problem
+    }
 
     // MARK: Warm restarts
 

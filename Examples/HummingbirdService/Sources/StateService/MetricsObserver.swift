@@ -19,15 +19,62 @@ import Synchronization
 /// - `async_state_fetch_duration_seconds{outcome}`: a timer per fetch, success or failure.
 ///
 /// Metric objects are made once per label set and kept (making one per event would allocate and
-/// take the backend's lock on every hit).
+/// take the backend's lock on every hit). Every counter of every state named at `init` exists from
+/// the start, at 0, so that an alert on one finds it on a healthy replica.
 public final class MetricsObserver: AsyncStateObserver {
     private let factory: any MetricsFactory
     private let counters = Mutex<[CounterKey: Counter]>([:])
     private let timers = Mutex<[CounterKey: Timer]>([:])
 
-    /// Reports to `factory` (the one bootstrapped with `MetricsSystem.bootstrap` by default).
-    public init(factory: any MetricsFactory = MetricsSystem.factory) {
+    /// The counters made for every state at the start (each with the dimension values it takes).
+    static let declared: [(label: String, dimension: (name: String, values: [String])?)] = [
+        ("async_state_hits_total", nil), ("async_state_stale_serves_total", nil),
+        ("async_state_fail_safe_serves_total", nil), ("async_state_soft_timeouts_total", nil),
+        ("async_state_not_modified_total", nil), ("async_state_misses_total", nil),
+        ("async_state_runs_total", ("reason", AsyncStateEvent.Reason.allCases.map(\.rawValue))),
+        ("async_state_attempt_failures_total", nil), ("async_state_failures_total", nil),
+        ("async_state_cancellations_total", nil), ("async_state_invalidations_total", nil),
+        ("async_state_tag_invalidations_total", nil),
+        ("async_state_evictions_total", ("reason", ["evicted", "idle", "removed", "replaced"])),
+        ("async_state_batches_total", nil),
+        (
+            "async_state_second_level_total",
+            (
+                "event",
+                ["hit", "loaded", "waiting", "wait_ran_out", "fault", "skipped", "undecodable", "write_refused"]
+            )
+        ),
+    ]
+
+    /// Reports to `factory` (the one bootstrapped with `MetricsSystem.bootstrap` by default), with
+    /// every counter of the states named `states` made at once, at 0.
+    public init(factory: any MetricsFactory = MetricsSystem.factory, states: [String] = []) {
         self.factory = factory
+        for state in states {
+            for (label, dimension) in Self.declared {
+                for value in dimension?.values ?? [""] {
+                    _ = counter(label, state, dimension.map { ($0.name, value) })
+                }
+            }
+        }
+    }
+
+    /// Counts what an invalidator's recovery does (`async_state_invalidator_messages_total{event}`:
+    /// `queued`, `resent`, `collapsed`, `dropped`), each from 0.
+    public func invalidatorEvents() -> @Sendable (AsyncStateInvalidator.Event) -> Void {
+        let make = { [factory] (event: String) in
+            Counter(
+                label: "async_state_invalidator_messages_total", dimensions: [("event", event)], factory: factory)
+        }
+        let (queued, resent, collapsed, dropped) = (make("queued"), make("resent"), make("collapsed"), make("dropped"))
+        return { event in
+            switch event {
+            case .queued: queued.increment()
+            case .resent: resent.increment()
+            case .collapsed: collapsed.increment()
+            case .dropped: dropped.increment()
+            }
+        }
     }
 
     public func observe(_ event: AsyncStateEvent) {
@@ -71,8 +118,12 @@ public final class MetricsObserver: AsyncStateObserver {
     }
 
     private func count(_ label: String, _ state: String, _ extra: (String, String)? = nil) {
+        counter(label, state, extra).increment()
+    }
+
+    private func counter(_ label: String, _ state: String, _ extra: (String, String)?) -> Counter {
         let key = CounterKey(label: label, state: state, extra: extra?.1)
-        let counter = counters.withLock { counters in
+        return counters.withLock { counters in
             if let counter = counters[key] { return counter }
             var dimensions = [("state", state)]
             if let extra { dimensions.append(extra) }
@@ -80,7 +131,6 @@ public final class MetricsObserver: AsyncStateObserver {
             counters[key] = counter
             return counter
         }
-        counter.increment()
     }
 
     private func time(_ state: String, _ outcome: String, _ duration: Duration) {

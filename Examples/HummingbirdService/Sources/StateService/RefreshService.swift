@@ -11,12 +11,18 @@ public struct RefreshService: Service {
     let catalog: Catalog
     let interval: Duration
     let stateFile: AsyncStateArchiveFile?
+    /// How often the tenant store is probed for `/ready` (`nil`: never).
+    let probeInterval: Duration?
     let logger: Logger
 
-    public init(catalog: Catalog, interval: Duration, stateFile: AsyncStateArchiveFile? = nil, logger: Logger) {
+    public init(
+        catalog: Catalog, interval: Duration, stateFile: AsyncStateArchiveFile? = nil, probeInterval: Duration? = nil,
+        logger: Logger
+    ) {
         self.catalog = catalog
         self.interval = interval
         self.stateFile = stateFile
+        self.probeInterval = probeInterval
         self.logger = logger
     }
 
@@ -29,7 +35,7 @@ public struct RefreshService: Service {
                 logger.error("cold start: the state file cannot be used", metadata: ["error": "\(error)"])
             }
         }
-        let (catalog, interval) = (catalog, interval)
+        let (catalog, interval, probeInterval, logger) = (catalog, interval, probeInterval, logger)
         try await cancelWhenGracefulShutdown {
             try await withThrowingDiscardingTaskGroup { group in
                 // Fetches the configuration now (the warm-up that `/ready` waits for), then every
@@ -40,6 +46,17 @@ public struct RefreshService: Service {
                 // Not critical: warmed once, then kept fresh by requests (stale-while-revalidate).
                 group.addTask {
                     await catalog.rates.fetch { try await catalog.upstream.rates() }
+                }
+                // The readiness probe of the tenant store: now, then every `probeInterval`.
+                if let probeInterval {
+                    group.addTask {
+                        while !Task.isCancelled {
+                            if let problem = await catalog.probeStore() {
+                                logger.warning("not ready", metadata: ["reason": "\(problem)"])
+                            }
+                            try await Task.sleep(for: probeInterval)
+                        }
+                    }
                 }
             }
         }

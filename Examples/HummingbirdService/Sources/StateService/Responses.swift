@@ -10,7 +10,7 @@ import Hummingbird
 /// |---|---|---|
 /// | success | 200, `Age` | — |
 /// | loading (stale-while-revalidate) | 200, `Age` (stale) | 503, `Retry-After` |
-/// | failure | 200, `Age` (the last good value) | 404 if not found, else 503, `Retry-After` |
+/// | failure | 200, `Age` (the last good value) | 404 if not found, else 503, `Retry-After` (with a body naming what is unavailable, for the tenant store) |
 /// | empty | 204 | 204 |
 /// | initial | — | 503, `Retry-After` |
 ///
@@ -32,6 +32,15 @@ struct SnapshotResponder: Sendable {
                 if let previous { return ok(previous, snapshot) }
                 if let error = error as? UpstreamError, error == .notFound {
                     return Response(status: .notFound, headers: [.statePhase: "failure"])
+                }
+                if let error = error as? TenantStoreUnavailable {
+                    return .plain(
+                        .serviceUnavailable, "\(error)", [.retryAfter: retryAfterSeconds, .statePhase: "failure"])
+                }
+                if case AsyncStateError.timedOut(let after)? = error as? AsyncStateError {
+                    return .plain(
+                        .serviceUnavailable, "the source did not answer within \(after)",
+                        [.retryAfter: retryAfterSeconds, .statePhase: "failure"])
                 }
                 return unavailable(.failure)
             })

@@ -38,6 +38,8 @@ import PostgresNIO
 /// | `INVALIDATION_CHANNEL` | async_state_invalidations | The `NOTIFY` channel the replicas share. |
 /// | `INVALIDATION_SECRET` | (none; required with `POSTGRES_URL`) | The secret the replicas sign their invalidations with (HMAC-SHA256, at least 32 bytes): a message without a valid signature is dropped. |
 /// | `SECOND_LEVEL` | on | With `POSTGRES_URL`: `on` shares the tenants the replicas load in PostgreSQL (`PostgresSecondLevel`), so that the fleet costs the tenant store one read per change; `off`: each replica reads its own. |
+/// | `STORE_TIMEOUT` | 2 | The longest one call to the tenant store may take (a read, a write, the readiness probe): past it the caller gets 503 with a message naming what is unreachable, and a request never outlasts it by much. |
+/// | `STORE_PROBE_EVERY` | 5 | How often the readiness probe asks the tenant store for a row (`/ready` is 503, with the reason, while it fails). |
 /// | `SECOND_LEVEL_TIMEOUT` | 0.25 | The longest one call to the second level may take before the load goes to the tenant store instead (and the second level is skipped for a backoff). |
 /// | `INVALIDATE_ALL_INTERVAL` | 1 | The shortest time between two invalidations of every tenant caused by messages (more are coalesced). |
 ///
@@ -81,6 +83,10 @@ public struct Settings: Sendable, Equatable {
     public var secondLevel = true
     /// The longest one call to the second level may take.
     public var secondLevelTimeout = Duration.milliseconds(250)
+    /// The longest one call to the tenant store may take.
+    public var storeTimeout = Duration.seconds(2)
+    /// How often the readiness probe asks the tenant store.
+    public var storeProbeInterval = Duration.seconds(5)
 
     /// The defaults.
     public init() {}
@@ -158,6 +164,8 @@ public struct Settings: Sendable, Equatable {
             }
         }
         secondLevelTimeout = try read.seconds("SECOND_LEVEL_TIMEOUT") ?? secondLevelTimeout
+        storeTimeout = try read.seconds("STORE_TIMEOUT") ?? storeTimeout
+        storeProbeInterval = try read.seconds("STORE_PROBE_EVERY") ?? storeProbeInterval
         if let channel = read.string("INVALIDATION_CHANNEL") {
             guard PostgresInvalidationBus.isValidChannel(channel) else {
                 throw SettingsError(

@@ -69,6 +69,13 @@ public protocol TenantStore: Sendable {
     func tenant(_ tenant: String) async throws -> TenantConfig
     /// Replaces the settings of `tenant` (creating it at version 1), bumping its version.
     func write(_ tenant: String, settings: [String: String]) async throws -> TenantConfig
+    /// Asks the store for nothing in particular, to learn whether it answers (the readiness probe).
+    func probe() async throws
+}
+
+extension TenantStore {
+    /// A store in memory always answers.
+    public func probe() async throws {}
 }
 
 /// Tenants in this process's memory.
@@ -115,6 +122,8 @@ public struct DelayedTenantStore<C: Clock<Duration>>: TenantStore {
     public func write(_ tenant: String, settings: [String: String]) async throws -> TenantConfig {
         try await base.write(tenant, settings: settings)
     }
+
+    public func probe() async throws { try await base.probe() }
 }
 
 /// Tenants in a PostgreSQL table, `tenant_configs`, created on first use.
@@ -122,11 +131,16 @@ public final class PostgresTenantStore: TenantStore {
     private let client: PostgresClient
     private let logger: Logger
     private let schema: PostgresSchema
+    /// How ``probe()`` connects on its own (the pool retries a failing connection quietly, and its
+    /// queries then only wait: a connection of the probe's own says why it fails).
+    private let probing: PostgresConnection.Configuration?
 
-    /// A store on `client` (run the client in the service group).
-    public init(client: PostgresClient, logger: Logger) {
+    /// A store on `client` (run the client in the service group), probed for readiness through a
+    /// connection of its own made with `probing` (`nil`: through the client).
+    public init(client: PostgresClient, logger: Logger, probing: PostgresConnection.Configuration? = nil) {
         self.client = client
         self.logger = logger
+        self.probing = probing
         schema = PostgresSchema(
             client: client, logger: logger, lock: 7_160_231,
             statements: [
@@ -157,6 +171,25 @@ public final class PostgresTenantStore: TenantStore {
             return TenantConfig(tenant: tenant, version: version, settings: settings)
         }
         throw UpstreamError.unavailable
+    }
+
+    /// Connects (which negotiates TLS, signs in and opens the database) and runs `SELECT 1`: on a
+    /// connection of its own when the store was given one's configuration, so that a wrong password,
+    /// a missing database or a TLS mismatch comes back as the server's error; else through the
+    /// client.
+    public func probe() async throws {
+        guard let probing else {
+            for try await _ in try await client.query("SELECT 1", logger: logger) {}
+            return
+        }
+        let connection = try await PostgresConnection.connect(configuration: probing, id: 0, logger: logger)
+        do {
+            for try await _ in try await connection.query("SELECT 1", logger: logger) {}
+        } catch {
+            try? await connection.close()
+            throw error
+        }
+        try await connection.close()
     }
 
     /// Creates the table once per process (tried again after a failure).

@@ -42,7 +42,9 @@ if let path = settings.traceFile {
     services.append(export)
 }
 let tracing = TracingObserver()
-let observer = ObserverGroup([LoggingObserver(logger: logger), MetricsObserver(), tracing])
+// Every documented counter of every state exists from the start, at 0.
+let metrics = MetricsObserver(states: Catalog.stateNames)
+let observer = ObserverGroup([LoggingObserver(logger: logger), metrics, tracing])
 
 // With POSTGRES_URL, tenants live in PostgreSQL, the replicas invalidate each other through it, and
 // (unless SECOND_LEVEL=off) they share the tenants they load there.
@@ -54,7 +56,7 @@ if let postgres = settings.postgres {
     let client = PostgresClient(configuration: postgres.client, backgroundLogger: logger)
     let postgresBus = try PostgresInvalidationBus(
         client: client, listening: try postgres.connection(), channel: settings.invalidationChannel, logger: logger)
-    tenantStore = PostgresTenantStore(client: client, logger: logger)
+    tenantStore = PostgresTenantStore(client: client, logger: logger, probing: try postgres.connection())
     if settings.secondLevel { secondLevel = PostgresSecondLevel(client: client, logger: logger) }
     bus = postgresBus
     // Settings guarantee a secret with POSTGRES_URL.
@@ -69,11 +71,32 @@ let catalog = Catalog(
     upstream: SimulatedUpstream(
         latency: settings.upstreamLatency, clock: ContinuousClock(), outage: settings.upstreamOutage),
     observer: observer, tenantStore: tenantStore, bus: bus, authenticator: authenticator, secondLevel: secondLevel,
-    invalidationMetadata: tracing.invalidationMetadata)
+    invalidationMetadata: tracing.invalidationMetadata, invalidatorEvents: metrics.invalidatorEvents())
 if let invalidator = catalog.invalidator {
     services.append(InvalidationService(invalidator: invalidator))
 }
+// One line that says what this replica runs with (never a password or a token).
+logger.info(
+    "starting",
+    metadata: [
+        "address": "\(settings.host):\(settings.port)",
+        "store":
+            "\(settings.postgres.map { "postgres \($0.host):\($0.port)/\($0.database) as \($0.username)" } ?? "memory")",
+        "sslmode": "\(settings.postgres.map(\.sslMode.rawValue) ?? "n/a")",
+        "second_level": "\(settings.postgres != nil && settings.secondLevel ? "on" : "off")",
+        "invalidation":
+            "\(settings.postgres != nil ? "postgres channel \(settings.invalidationChannel), signed" : "none")",
+        "writes": "\(settings.writeToken != nil ? "enabled" : "disabled (no WRITE_TOKEN)")",
+        "store_timeout": "\(settings.storeTimeout)",
+    ])
 let app = buildApplication(
-    catalog: catalog, settings: settings, registry: registry, logger: logger, services: services)
-try await app.runService()
+    catalog: catalog, settings: settings, registry: registry, logger: logger, services: services, refreshes: false)
+// The refreshes run after the application in one group, so that SIGTERM stops them first, at once
+// (a group shuts its services down in reverse order); then the server, which lets its requests end
+// (each call to the store is bounded by STORE_TIMEOUT), then the bus and the database client.
+let group = ServiceGroup(
+    configuration: .init(
+        services: [app, buildRefreshService(catalog: catalog, settings: settings, logger: logger)],
+        gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+try await group.run()
 traceExport?.flush()  // the spans that ended as the server stopped

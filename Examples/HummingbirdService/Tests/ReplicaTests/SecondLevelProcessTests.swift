@@ -57,8 +57,21 @@ extension RealServerTests {
             _ replicas: inout [Replica], tenant: String, environment: [String: String], directory: URL,
             client: HTTPClient
         ) async throws {
-            // 1. A thousand concurrent cold requests on each replica: one read of the store.
-            let created = try await replicas[0].write(tenant, ["stage": "cold"], client: client)
+            // 1. A thousand concurrent cold requests on each replica: one read of the store. The
+            // tenant is written into the store directly (a write through a replica would put it in
+            // the second level too).
+            let created = 1
+            try await withClient { admin in
+                // The replicas create the table at their first probe; this may come first.
+                for try await _ in try await admin.query(
+                    "CREATE TABLE IF NOT EXISTS tenant_configs (tenant text PRIMARY KEY, version bigint NOT NULL, settings text NOT NULL)",
+                    logger: quietLogger)
+                {}
+                for try await _ in try await admin.query(
+                    "INSERT INTO tenant_configs (tenant, version, settings) VALUES (\(tenant), 1, '{\"stage\":\"cold\"}')",
+                    logger: quietLogger)
+                {}
+            }
             #expect(try await reads(replicas, client) == 0)
             let bases = replicas.map(\.base)
             let served = try await withThrowingTaskGroup(of: Int?.self) { group in
@@ -81,7 +94,8 @@ extension RealServerTests {
                 "second level: 3 × 1,000 concurrent cold requests, \(coldReads) read of the tenant store; second level: \(try await events(replicas, client))"
             )
 
-            // 2. Writes through rotating replicas: one read each, and every replica serves each.
+            // 2. Writes through rotating replicas: each goes through to the second level with a new
+            // version, and every replica serves it from there, without a read of the store.
             var agreement: [Duration] = []
             var latest = created
             for write in 1...Self.writes {
@@ -91,11 +105,11 @@ extension RealServerTests {
                 agreement.append(ContinuousClock.now - start)
             }
             let writeReads = try await reads(replicas, client) - coldReads
-            #expect(writeReads == Self.writes, "\(Self.writes) writes read the store \(writeReads) times")
+            #expect(writeReads == 0, "\(Self.writes) writes read the store \(writeReads) times")
             print(
                 String(
                     format:
-                        "second level: %d writes through 3 processes, %d reads of the tenant store; time until all three serve the new value (a 200 ms read of the store included): p50 %.1f ms, p99 %.1f ms, max %.1f ms",
+                        "second level: %d writes through 3 processes, %d reads of the tenant store; time until all three serve the new value (taken from the second level): p50 %.1f ms, p99 %.1f ms, max %.1f ms",
                     agreement.count, writeReads, percentile(agreement, 50).milliseconds,
                     percentile(agreement, 99).milliseconds, agreement.max()!.milliseconds))
 
