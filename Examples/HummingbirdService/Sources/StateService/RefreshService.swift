@@ -54,7 +54,8 @@ public struct RefreshService: Service {
                             if let problem = await catalog.probeStore() {
                                 logger.warning("not ready", metadata: ["reason": "\(problem)"])
                             }
-                            try await Task.sleep(for: probeInterval)
+                            // Cancelled at shutdown: the loop ends without an error.
+                            try? await Task.sleep(for: probeInterval)
                         }
                     }
                 }

@@ -105,17 +105,18 @@ extension RealServerTests {
 
                 // A put (a value written through a replica): stored whatever is there, under a new
                 // version, the lease dropped; a holder that loaded before it cannot overwrite it.
-                guard case .acquired(let holder, _) = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                let putKey = prefix + "put"
+                guard case .acquired(let holder, _) = try await level.acquireLease(on: putKey, for: .seconds(10)) else {
                     Issue.record("a free lease was not given")
                     return
                 }
                 var putEntry = Self.entry("written", version: 0)
-                let put = try await level.put(putEntry, for: key)
+                let put = try await level.put(putEntry, for: putKey)
                 #expect(put > holder && put > markerVersion)
                 putEntry.version = put
-                #expect(try await level.read(key) == putEntry)
-                #expect(try await !level.write(Self.entry("loaded before", version: holder), for: key))
-                guard case .acquired(_, put?) = try await level.acquireLease(on: key, for: .seconds(10)) else {
+                #expect(try await level.read(putKey) == putEntry)
+                #expect(try await !level.write(Self.entry("loaded before", version: holder), for: putKey))
+                guard case .acquired(_, put?) = try await level.acquireLease(on: putKey, for: .seconds(10)) else {
                     Issue.record("a put left the lease held, or the grant did not name its version")
                     return
                 }
