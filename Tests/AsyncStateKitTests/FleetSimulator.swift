@@ -538,7 +538,7 @@ private struct EventTrace: AsyncStateObserver {
 }
 
 /// A second level whose reads sometimes answer an older entry it saw, dated now (sabotage).
-private final class StaleReads: AsyncStateSecondLevel {
+private final class StaleReads: ForwardingSecondLevel {
     let connection: InMemorySecondLevel.Replica
     let clock: VirtualClock
     private let seen = LockedValue<[String: AsyncStateStoredEntry]>([:])
@@ -563,37 +563,33 @@ private final class StaleReads: AsyncStateSecondLevel {
         if let entry, !entry.payload.isEmpty { seen.withLock { $0[key] = $0[key] ?? entry } }
         return entry
     }
-    func write(_ entry: AsyncStateStoredEntry, for key: String) async throws -> Bool {
-        try await connection.write(entry, for: key)
-    }
-    func acquireLease(on key: String, for duration: Duration) async throws -> AsyncStateLease {
-        try await connection.acquireLease(on: key, for: duration)
-    }
-    func releaseLease(on key: String, token: UInt64) async throws {
-        try await connection.releaseLease(on: key, token: token)
-    }
-    func invalidate(_ key: String) async throws -> UInt64 { try await connection.invalidate(key) }
-    func invalidateAll(withPrefix prefix: String) async throws {
-        try await connection.invalidateAll(withPrefix: prefix)
-    }
-    func put(_ entry: AsyncStateStoredEntry, for key: String) async throws -> UInt64 {
-        try await connection.put(entry, for: key)
-    }
 }
 
 /// A second level that grants every lease request (sabotage): no fleet-wide single flight.
-private struct AlwaysGranted: AsyncStateSecondLevel {
+private struct AlwaysGranted: ForwardingSecondLevel {
     let connection: InMemorySecondLevel.Replica
 
-    func read(_ key: String) async throws -> AsyncStateStoredEntry? { try await connection.read(key) }
-    func write(_ entry: AsyncStateStoredEntry, for key: String) async throws -> Bool {
-        try await connection.write(entry, for: key)
-    }
     func acquireLease(on key: String, for duration: Duration) async throws -> AsyncStateLease {
         switch try await connection.acquireLease(on: key, for: duration) {
         case .acquired(let token, let stored): return .acquired(token: token, storedVersion: stored)
         case .held: return .acquired(token: 0, storedVersion: nil)
         }
+    }
+}
+
+/// A second level that passes every call to a replica's connection to an `InMemorySecondLevel`,
+/// for a test to change one of them.
+protocol ForwardingSecondLevel: AsyncStateSecondLevel {
+    var connection: InMemorySecondLevel.Replica { get }
+}
+
+extension ForwardingSecondLevel {
+    func read(_ key: String) async throws -> AsyncStateStoredEntry? { try await connection.read(key) }
+    func write(_ entry: AsyncStateStoredEntry, for key: String) async throws -> Bool {
+        try await connection.write(entry, for: key)
+    }
+    func acquireLease(on key: String, for duration: Duration) async throws -> AsyncStateLease {
+        try await connection.acquireLease(on: key, for: duration)
     }
     func releaseLease(on key: String, token: UInt64) async throws {
         try await connection.releaseLease(on: key, token: token)

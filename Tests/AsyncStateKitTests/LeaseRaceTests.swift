@@ -96,27 +96,11 @@ import Testing
 }
 
 /// A connection whose lease grants pass through `grants` (to hide or drop the stored version).
-private struct Granting: AsyncStateSecondLevel {
+private struct Granting: ForwardingSecondLevel {
     let connection: InMemorySecondLevel.Replica
     let grants: @Sendable (AsyncStateLease) -> AsyncStateLease
 
-    func read(_ key: String) async throws -> AsyncStateStoredEntry? { try await connection.read(key) }
-
-    func write(_ entry: AsyncStateStoredEntry, for key: String) async throws -> Bool {
-        try await connection.write(entry, for: key)
-    }
-
     func acquireLease(on key: String, for duration: Duration) async throws -> AsyncStateLease {
         grants(try await connection.acquireLease(on: key, for: duration))
-    }
-
-    func releaseLease(on key: String, token: UInt64) async throws {
-        try await connection.releaseLease(on: key, token: token)
-    }
-
-    func invalidate(_ key: String) async throws -> UInt64 { try await connection.invalidate(key) }
-
-    func invalidateAll(withPrefix prefix: String) async throws {
-        try await connection.invalidateAll(withPrefix: prefix)
     }
 }

@@ -88,6 +88,14 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
     private static func bigint(_ value: UInt64) -> Int64? { Int64(exactly: value) }
 
     /// A `bigint` read back; the sequence starts at 1, so never negative.
+    /// An entry's payload and dates as the row stores them (dates as seconds since 2001).
+    private static func columns(of entry: AsyncStateStoredEntry) -> (ByteBuffer, Double, Double) {
+        (
+            ByteBuffer(bytes: entry.payload), entry.succeededAt.timeIntervalSinceReferenceDate,
+            entry.freshUntil.timeIntervalSinceReferenceDate
+        )
+    }
+
     private static func version(_ value: Int64) throws -> UInt64 {
         guard let version = UInt64(exactly: value) else { throw CorruptRow(column: "version") }
         return version
@@ -112,10 +120,7 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
     public func write(_ entry: AsyncStateStoredEntry, for key: String) async throws -> Bool {
         guard let version = Self.bigint(entry.version) else { return false }
         try await prepare()
-        let payload = ByteBuffer(bytes: entry.payload)
-        let (succeededAt, freshUntil) = (
-            entry.succeededAt.timeIntervalSinceReferenceDate, entry.freshUntil.timeIntervalSinceReferenceDate
-        )
+        let (payload, succeededAt, freshUntil) = Self.columns(of: entry)
         // The row's lock is taken before the condition is checked: of two writes racing, the older
         // version loses whichever commits first. The lease columns are left as they are.
         let rows = try await client.query(
@@ -192,10 +197,7 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
 
     public func put(_ entry: AsyncStateStoredEntry, for key: String) async throws -> UInt64 {
         try await prepare()
-        let payload = ByteBuffer(bytes: entry.payload)
-        let (succeededAt, freshUntil) = (
-            entry.succeededAt.timeIntervalSinceReferenceDate, entry.freshUntil.timeIntervalSinceReferenceDate
-        )
+        let (payload, succeededAt, freshUntil) = Self.columns(of: entry)
         // As an invalidation, with the value: the version drawn under the row's lock, the lease
         // dropped (a holder that loaded before this write cannot overwrite it).
         let rows = try await client.query(
