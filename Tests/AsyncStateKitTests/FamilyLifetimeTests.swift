@@ -45,8 +45,9 @@ actor FamilyOwner {
         let script = LoadScript()
         let freed = DeinitFlag()
         // Refresh ahead needs a window between the refresh age and the expiry that a slow machine
-        // (ThreadSanitizer, a parallel build) cannot overshoot on the real clock: 20 units there.
-        let expiry = world.unit * (scenario == .afterRefreshAhead ? 50 : 10)
+        // (ThreadSanitizer beside the other tests, a core kept busy) cannot overshoot on the real
+        // clock: 90 units there, 1.8 s (400 and 800 ms were overshot under ThreadSanitizer).
+        let expiry = world.unit * (scenario == .afterRefreshAhead ? 200 : 10)
         var owner: FamilyOwner? = FamilyOwner(clock: world.clock, script: script, freed: freed, expiry: expiry)
         let comment = Comment(rawValue: "\(scenario) \(world.kind)")
 
@@ -60,7 +61,7 @@ actor FamilyOwner {
             #expect(await owner!.batch() != nil, comment)
         case .afterRefreshAhead:
             #expect(try await owner!.current() == 1, comment)
-            await world.pass(30)  // past the refresh age (25 units), still fresh (50)
+            await world.pass(110)  // past the refresh age (100 units), still fresh (200)
             #expect(try await owner!.current() == 1, comment)  // at once; a refresh starts
             await world.pass(1)  // it settles
             #expect(await world.eventually { script.calls == 2 }, comment)

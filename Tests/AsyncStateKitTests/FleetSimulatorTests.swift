@@ -6,13 +6,14 @@ import Testing
 
 /// The fleet's promises over seeded schedules of reads, changes, writes and faults
 /// (``FleetSimulation``). `FLEET_SEEDS=<n>` runs more seeds (`FLEET_FIRST_SEED` moves the first);
-/// `FLEET_SEED=<seed>` replays one and prints its schedule.
-@Suite struct FleetSimulatorTests {
+/// `FLEET_SEED=<seed>` replays one and prints its schedule. Serialized: one batch at a time, so that
+/// the simulator keeps one core busy, not both, beside the tests that run on the real clock.
+@Suite(.serialized) struct FleetSimulatorTests {
     static let environment = ProcessInfo.processInfo.environment
     static let seedCount = environment["FLEET_SEEDS"].flatMap(Int.init) ?? 500
     static let firstSeed = environment["FLEET_FIRST_SEED"].flatMap(UInt64.init) ?? 1
 
-    /// The seeds, in batches run side by side.
+    /// The seeds, in batches (each a test case, reported apart).
     static let batches: [ClosedRange<UInt64>] = {
         let size = max(1, seedCount / 20)
         return stride(from: 0, to: seedCount, by: size).map { start in

@@ -204,7 +204,7 @@ extension FinishedInMemorySpan {
         // A write on one replica: invalidated here as a child of the writing request, and published
         // with its trace context.
         let write = trace.request("write") { try await writer.invalidate("profiles", key: "1") }
-        try await write.finish()
+        #expect(try await write.finish() == .published)
         guard case .invalidate(let message) = await deliveries.next() else {
             Issue.record("the message did not arrive")
             return
