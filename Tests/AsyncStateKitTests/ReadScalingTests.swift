@@ -11,7 +11,10 @@ import Testing
 /// Reads that scale with cores (``ReadMostlyLock``): a contended lock spreads into a stripe per
 /// processor, readers on a stripe never see a torn or outdated value, and what readers leave on their
 /// stripes reaches the value before any writer looks at it.
-@Suite struct ReadScalingTests {
+///
+/// One test at a time: each spins threads of its own with `sched_yield`, and two at once under
+/// ThreadSanitizer on a loaded 2-core machine starved each other past their 30 s deadlines.
+@Suite(.serialized) struct ReadScalingTests {
     /// A value whose readers count their reads on their stripe.
     struct Counted: StripeReadable {
         struct Reads: StripeLocalStorage {
@@ -77,12 +80,12 @@ import Testing
     /// Contention is made, not hoped for: a writer thread holds the mutex until the reader has found
     /// it taken, once per round (a test that waits for two busy tasks to collide by chance fails on a
     /// machine loaded enough that they never run at the same moment).
-    @Test func contentionSpreadsTheLock() {
+    @Test func contentionSpreadsTheLock() async {
         let lock = ReadMostlyLock(Counted())
         let rounds = ReadMostlyLock<Counted>.spreadAfter
         let steps = Steps()
-        let writerDone = DispatchSemaphore(value: 0)
-        Thread.detachNewThread { [lock] in
+        // Both sides spin on threads of their own (see ``onOwnThread(_:)``).
+        let writer = Thread.start { [lock] in
             for index in 1...rounds {
                 lock.withLock { value in
                     value.payload.0 = index
@@ -93,19 +96,23 @@ import Testing
                 // The next round starts once this one's read is over, not while it waits for the mutex.
                 steps.waitUntil { steps.read.load(ordering: .acquiring) >= index }
             }
-            writerDone.signal()
         }
-        var seen: [Int] = []
-        for index in 1...rounds {
-            steps.waitUntil { steps.written.load(ordering: .acquiring) >= index }
-            if steps.gaveUp.load(ordering: .relaxed) { break }
-            #expect(!lock.isSpread)
-            seen.append(lock.read { $0.pointee.payload.0 })
-            steps.read.store(index, ordering: .releasing)
+        let (seen, spreadEarly) = await onOwnThread { [lock] in
+            var seen: [Int] = []
+            var spreadEarly: [Int] = []
+            for index in 1...rounds {
+                steps.waitUntil { steps.written.load(ordering: .acquiring) >= index }
+                if steps.gaveUp.load(ordering: .relaxed) { break }
+                if lock.isSpread { spreadEarly.append(index) }
+                seen.append(lock.read { $0.pointee.payload.0 })
+                steps.read.store(index, ordering: .releasing)
+            }
+            return (seen, spreadEarly)
         }
-        writerDone.wait()
+        await writer.value
         let gaveUp = steps.gaveUp.load(ordering: .relaxed)
         #expect(!gaveUp)
+        #expect(spreadEarly.isEmpty, "spread before round \(spreadEarly)")
         #expect(lock.contendedReads == rounds)
         #expect(lock.isSpread)
         // Each read waited for the write that held the mutex, and saw it.
@@ -264,29 +271,30 @@ import Testing
         for key in 0..<keys { family.set(key, for: key) }
         let shard = family.core.shards[0]
         shard.spreadNow()
-        let (held, readerDone, holderDone) = (
-            DispatchSemaphore(value: 0), DispatchSemaphore(value: 0), DispatchSemaphore(value: 0)
-        )
-        let readerWaited = LockedValue(false)
+        let (held, readerDone) = (DispatchSemaphore(value: 0), DispatchSemaphore(value: 0))
         // The other holder of the mutex: it lets go once the reader is done, or after 200 ms (a
-        // reader that waits for the mutex is never done before then).
-        Thread.detachNewThread {
+        // reader that waits for the mutex is never done before then). The waits for it are made on
+        // threads of their own (see ``onOwnThread(_:)``).
+        let holder = Thread.start {
             shard.storage.withUnsafeMutablePointerToElements { words in
                 let mutex = ReadMostlyStorage<FamilyShard<Int, Int>>.mutex(in: words)
                 MutexWords.lock(mutex)
                 held.signal()
                 let waited = readerDone.wait(timeout: .now() + .milliseconds(idle ? 200 : 10_000)) == .timedOut
-                readerWaited.withLock { $0 = waited }
                 MutexWords.unlock(mutex)
+                return waited
             }
-            holderDone.signal()
         }
-        held.wait()
         // Every key hit once at 5 s, the last two buffers' worth while the mutex is taken.
-        for key in 0..<keys { #expect(family.core.freshValue(of: key, at: .seconds(5)) == key) }
-        readerDone.signal()
-        holderDone.wait()
-        #expect(readerWaited.withLock { $0 } == idle)
+        let values = await onOwnThread {
+            held.wait()
+            let values = (0..<keys).map { family.core.freshValue(of: $0, at: .seconds(5)) }
+            readerDone.signal()
+            return values
+        }
+        #expect(values == Array(0..<keys))
+        let readerWaited = await holder.value
+        #expect(readerWaited == idle)
         guard idle else { return }
         // At 11 s every key was last used at 5 s: none is idle yet, however its hit was noted.
         await clock.advance(by: .seconds(11))
@@ -315,7 +323,7 @@ import Testing
     /// A stripe that may not drop what its readers leave is never full when a reader reads, however
     /// many readers share it and however long the mutex is held: the one that must fold it in holds
     /// the stripe from then until it has read.
-    @Test func aStripeThatMayNotDropIsNeverFullWhenRead() {
+    @Test func aStripeThatMayNotDropIsNeverFullWhenRead() async {
         let lock = ReadMostlyLock(Bounded())
         lock.spreadNow()
         let threads = 4 * Self.readers
@@ -351,7 +359,7 @@ import Testing
                 group.leave()
             }
         }
-        group.wait()
+        await onOwnThread { group.wait() }
         // What the readers dropped stays on the stripes (a writer's folding in keeps it).
         let dropped = lock.withLock { _ in
             lock.storage.withUnsafeMutablePointerToElements { words in
@@ -427,5 +435,35 @@ import Testing
             #expect(!first.isSampling)
             #expect(offer(4, to: &first, at: start + .seconds(1)).count == 4)
         }
+    }
+}
+
+extension Thread {
+    /// Runs `body` on a new thread, started at once, and returns a task that waits for its result
+    /// without holding a thread of the cooperative pool (see ``onOwnThread(_:)``).
+    static func start<T: Sendable>(_ body: @escaping @Sendable () -> T) -> Task<T, Never> {
+        let result = LockedValue<T?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        detachNewThread {
+            let value = body()
+            result.withLock { $0 = value }
+            done.signal()
+        }
+        return Task {
+            await onOwnThread {
+                done.wait()
+                return result.withLock { $0! }
+            }
+        }
+    }
+}
+
+/// Runs `body` — which blocks, on a semaphore or a spin — on a thread of its own and waits for it
+/// suspended. A test that blocks a thread of the cooperative pool (two on a 2-core machine) stalls
+/// every test running beside it: two such at once stopped the pool for ten seconds under
+/// ThreadSanitizer, and tests polling on the real clock ran out of time.
+func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
+    await withCheckedContinuation { continuation in
+        Thread.detachNewThread { continuation.resume(returning: body()) }
     }
 }
