@@ -198,6 +198,7 @@ import Testing
                 case .resent(let message): line = "resent \(message)"
                 case .collapsed(let topics): line = "collapsed \(topics)"
                 case .dropped(let topics): line = "dropped \(topics)"
+                case .rejected(let message, let why): line = "rejected \(message): \(why)"
                 }
                 events.withLock { $0.append(line) }
             })

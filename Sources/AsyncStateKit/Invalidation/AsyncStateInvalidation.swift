@@ -13,8 +13,10 @@ public struct AsyncStateInvalidation: Sendable, Hashable, Codable, CustomStringC
     /// under the topic.
     public var key: String?
     /// The entries of a family subscribed to `topic` that carry this tag; `nil` for none. With a
-    /// `key` as well, both are invalidated. A replica of a release before tags, which ignores this
-    /// field, invalidates the whole topic for a message with a tag and no key: more, never less.
+    /// `key` as well, both are invalidated. An unsigned replica of a release before tags, which
+    /// ignores this field, invalidates the whole topic for a message with a tag and no key (more,
+    /// never less); a signed one refuses the message, whose signature covers a tag it does not read
+    /// (see ``signedContent`` for rolling upgrades).
     public var tag: String?
     /// Who sent it, proved: what an ``AsyncStateInvalidationAuthenticator`` computed over
     /// ``signedContent`` when the message was sent; `nil` for an unsigned message. An invalidator
@@ -22,9 +24,17 @@ public struct AsyncStateInvalidation: Sendable, Hashable, Codable, CustomStringC
     public var signature: String?
     /// What the sender attached for observers, such as its request's trace context (`traceparent`,
     /// `tracestate`), as ``AsyncStateInvalidator``'s `metadata:` gives it; `nil` for none. The
-    /// receiving replica's observer finds it in ``AsyncStateEvent/invalidation``. Not signed: it
-    /// changes what is reported, never what is invalidated.
+    /// receiving replica's observer finds it in ``AsyncStateEvent/invalidation``. Signed with the
+    /// rest, so that nobody without the secret can attach a trace link to a real message.
     public var metadata: [String: String]?
+    /// Which invalidator sent it (an id each ``AsyncStateInvalidator`` draws when it is made), set
+    /// when the message is signed; `nil` for an unsigned message. Signed.
+    public var sender: String?
+    /// When it was sent, in milliseconds since 1970 on the sender's wall clock, set when the message
+    /// is signed (again at each attempt to send it); `nil` for an unsigned message. Signed: a
+    /// receiver refuses a message sent outside its replay window, or one it has already accepted
+    /// (see ``AsyncStateInvalidator/Rejection``).
+    public var sentAt: Int64?
     /// The second-level version the change made current for `key` (see ``AsyncStateSecondLevel``):
     /// a replica whose data is that version or newer ignores the message, and one whose data is
     /// older takes no older entry from the second level afterwards. `nil`: no second level, or it
@@ -34,7 +44,7 @@ public struct AsyncStateInvalidation: Sendable, Hashable, Codable, CustomStringC
     /// A message about `topic`, or one `key` of it, or the entries carrying `tag`.
     public init(
         topic: String, key: String? = nil, tag: String? = nil, signature: String? = nil,
-        metadata: [String: String]? = nil, version: UInt64? = nil
+        metadata: [String: String]? = nil, version: UInt64? = nil, sender: String? = nil, sentAt: Int64? = nil
     ) {
         self.topic = topic
         self.key = key
@@ -42,6 +52,8 @@ public struct AsyncStateInvalidation: Sendable, Hashable, Codable, CustomStringC
         self.signature = signature
         self.metadata = metadata
         self.version = version
+        self.sender = sender
+        self.sentAt = sentAt
     }
 
     /// `topic`, `topic/key`, `topic#tag` or `topic/key#tag`, then `@version` if it has one.
@@ -51,15 +63,30 @@ public struct AsyncStateInvalidation: Sendable, Hashable, Codable, CustomStringC
 
     /// What a signature covers: the topic, the key and the tag, each with its length in UTF-8 bytes, so that
     /// no two messages share it (`"t/a", "b"` and `"t", "a/b"` differ) and no encoding detail of
-    /// the payload (its field order, its escapes) changes it; then the version.
+    /// the payload (its field order, its escapes) changes it; then the version, the sender, the time
+    /// it was sent and the metadata (sorted by name, each name and value with its length).
+    ///
+    /// A field is appended only when the message has it. Replicas of releases before the sender and
+    /// the time signed neither, and an invalidator with an authenticator now refuses a message
+    /// without them (it could be replayed): during a rolling upgrade from such a release, replicas
+    /// of the two releases refuse each other's messages, and each serves the other's changes no
+    /// later than its own expiry (or its bus's next `reconnected`). Upgrade in one step, or accept
+    /// that window.
     public var signedContent: String {
-        // A tag and a version are appended only when there is one, so that a message without them
-        // is signed as before they existed (replicas of both releases accept each other's messages;
-        // an older release rejects a message with a version, and its data expires as it would
-        // without the bus). Unambiguous: what precedes `#` is `-` or a length-prefixed key or tag,
-        // and `@` follows only those.
-        "\(topic.utf8.count):\(topic)" + (key.map { "\($0.utf8.count):\($0)" } ?? "-")
-            + (tag.map { "#\($0.utf8.count):\($0)" } ?? "") + (version.map { "@\($0)" } ?? "")
+        // Unambiguous: each part starts with its own marker after a length-prefixed field or `-`,
+        // and every text is length-prefixed.
+        var content = "\(topic.utf8.count):\(topic)" + (key.map { "\($0.utf8.count):\($0)" } ?? "-")
+        if let tag { content += "#\(tag.utf8.count):\(tag)" }
+        if let version { content += "@\(version)" }
+        if let sender { content += "!\(sender.utf8.count):\(sender)" }
+        if let sentAt { content += "~\(sentAt)" }
+        if let metadata {
+            content += "^\(metadata.count)"
+            for (name, value) in metadata.sorted(by: { $0.key < $1.key }) {
+                content += "\(name.utf8.count):\(name)\(value.utf8.count):\(value)"
+            }
+        }
+        return content
     }
 }
 
@@ -112,8 +139,8 @@ extension AsyncStateInvalidation {
 
     /// Reads a payload that another replica wrote with ``payload()``: a JSON object with a non-empty
     /// string `topic` and, optionally, a string `key`, `tag` and `signature` (which it reads, not
-    /// checks: ``AsyncStateInvalidator`` does), a `metadata` object of strings and an unsigned
-    /// 64-bit `version`. Fields it does not know are ignored, so that a
+    /// checks: ``AsyncStateInvalidator`` does), a `metadata` object of strings, an unsigned
+    /// 64-bit `version`, a string `sender` and a 64-bit `sentAt`. Fields it does not know are ignored, so that a
     /// replica of a newer release, which may send more, is still understood during a rolling
     /// upgrade. Anything else is refused: a bus that receives a payload it cannot read should log it
     /// and go on (it is someone else's message, or a damaged one), never crash.

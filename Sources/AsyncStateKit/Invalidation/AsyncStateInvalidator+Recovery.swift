@@ -47,8 +47,34 @@ extension AsyncStateInvalidator {
         case queued
     }
 
-    /// What the queue of unsent messages did (see ``Recovery``), for logs and metrics.
+    /// Why a delivery was refused (only with an authenticator).
+    public enum Rejection: Sendable, Hashable, CustomStringConvertible {
+        /// Its signature is missing or wrong: it was not sent by a replica with the secret.
+        case signature
+        /// It is signed without a sender and a time (a release before they were signed): it could
+        /// be a replay.
+        case untimed
+        /// It was sent further from this replica's wall clock than the replay window, either way: a
+        /// replay, or a clock that is off.
+        case outsideWindow
+        /// It was already accepted once (or is older than what the replay guard had to forget).
+        case replayed
+
+        public var description: String {
+            switch self {
+            case .signature: "a missing or wrong signature"
+            case .untimed: "no signed sender and time"
+            case .outsideWindow: "sent outside the replay window"
+            case .replayed: "already accepted once (a replay)"
+            }
+        }
+    }
+
+    /// What the queue of unsent messages did (see ``Recovery``), and the deliveries refused, for logs
+    /// and metrics.
     public enum Event: Sendable {
+        /// A delivery was refused, and why: nothing was invalidated.
+        case rejected(AsyncStateInvalidation, Rejection)
         /// A message (or its second-level mark) could not be sent: it was queued.
         case queued(AsyncStateInvalidation)
         /// A queued message was sent.
@@ -195,7 +221,12 @@ extension AsyncStateInvalidator {
     /// Signs `message` if the invalidator has an authenticator, and publishes it.
     func publish(_ message: AsyncStateInvalidation) async throws {
         var message = message
-        message.signature = authenticator?.signature(for: message.signedContent)
+        if let authenticator {
+            // Who and when, signed with the rest: a receiver accepts it once, within its window.
+            message.sender = senderID
+            message.sentAt = Self.milliseconds(clock.date())
+            message.signature = authenticator.signature(for: message.signedContent)
+        }
         try await bus.publish(message)
     }
 

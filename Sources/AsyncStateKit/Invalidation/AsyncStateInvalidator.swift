@@ -1,3 +1,5 @@
+import Foundation
+
 /// Connects states and families to an ``AsyncStateInvalidationBus``: subscribes them to topics,
 /// invalidates them when another replica says so — every one of them when the bus reconnects after a
 /// gap — and publishes this replica's invalidations.
@@ -23,7 +25,10 @@
 /// Whoever can reach the bus can send messages. Two defences bound what they cost:
 /// - With an ``AsyncStateInvalidationAuthenticator``, a message whose signature is missing or wrong
 ///   is dropped and counted (``deliveriesRejected``): only replicas that share the secret can
-///   invalidate. (`reconnected` comes from the bus itself, not from a message.)
+///   invalidate. What is signed includes who sent it and when, so a signed message captured on the
+///   way and sent again is refused too: outside `replayWindow` of this replica's wall clock, or
+///   when it was already accepted (see ``Rejection``). (`reconnected` comes from the bus itself, not
+///   from a message.)
 /// - An invalidation of every entry of a topic — a message without a key, or `reconnected` — is
 ///   applied at most once per `invalidateAllInterval` for each topic: those that arrive within it
 ///   are coalesced into one, applied when the interval ends (``invalidationsCoalesced``). A flood so
@@ -37,16 +42,20 @@ public final class AsyncStateInvalidator: Sendable {
     let invalidateAllInterval: Duration
     let clock: StoreClock
     let subscriptions = LockedValue<[String: [Subscription]]>([:])
-    let state = LockedValue(State())
+    let state = LockedValue(State(replays: ReplayGuard(window: .zero, capacity: 1)))
     /// How what could not be sent is kept (see ``Recovery``); `nil`: not kept.
     let recovery: Recovery?
-    /// Told of what the queue does (see ``Event``).
+    /// Told of what the queue does and of refused deliveries (see ``Event``).
     let events: (@Sendable (Event) -> Void)?
+    /// Who this invalidator is in what it signs (``AsyncStateInvalidation/sender``).
+    let senderID = String(UInt64.random(in: .min ... .max), radix: 16)
 
     /// What the invalidator counts, and the invalidations of whole topics it holds back.
     struct State {
         var applied = 0
         var rejected = 0
+        /// The signed messages accepted (with an authenticator).
+        var replays: ReplayGuard
         var coalesced = 0
         /// Keyed messages for a family without a parser, each of which compared every entry.
         var scans = 0
@@ -122,15 +131,19 @@ public final class AsyncStateInvalidator: Sendable {
     ///   - recovery: How what could not be sent is kept and sent again (see ``Recovery``); `nil`: it
     ///     is not, and ``invalidate(_:key:)`` throws the bus's error instead. Defaults to
     ///     ``Recovery/init(capacity:backoff:maximumBackoff:)``'s defaults.
-    ///   - events: Told of each message queued, sent again, collapsed or dropped (see ``Event``), for
-    ///     logs and metrics; on the thread that caused it, after every lock. `nil` (the default):
-    ///     nobody.
+    ///   - events: Told of each message queued, sent again, collapsed or dropped, and of each delivery
+    ///     refused (see ``Event``), for logs and metrics; on the thread that caused it, after every
+    ///     lock. `nil` (the default): nobody.
+    ///   - replayWindow: With an authenticator, how far the time a message was sent may be from this
+    ///     replica's wall clock, either way: allow for the replicas' clock skew and the bus's delay.
+    ///     A message is accepted once within it (see ``Rejection``). Defaults to two minutes.
     public init(
         bus: any AsyncStateInvalidationBus, authenticator: (any AsyncStateInvalidationAuthenticator)? = nil,
         invalidateAllInterval: Duration = .seconds(1), clock: some Clock<Duration> = ContinuousClock(),
         metadata: (@Sendable () -> [String: String])? = nil, recovery: Recovery? = Recovery(),
-        events: (@Sendable (Event) -> Void)? = nil
+        events: (@Sendable (Event) -> Void)? = nil, replayWindow: Duration = .seconds(120)
     ) {
+        state.withLock { $0.replays = ReplayGuard(window: replayWindow.clampedToLimits, capacity: Self.replayCapacity) }
         self.bus = bus
         self.authenticator = authenticator
         self.metadata = metadata
@@ -169,10 +182,13 @@ public final class AsyncStateInvalidator: Sendable {
     /// describes as it (`String(describing:)`, which every entry is compared with — two keys that
     /// describe alike are both invalidated, never one left stale); one without, every entry.
     ///
-    /// Each keyed message so costs a pass over every entry: anyone who can send messages can make
-    /// a flood of them expensive. Prefer ``subscribe(_:to:parse:)``, which reads the key back in one
-    /// step (`UUID(uuidString:)` for a `UUID` key), or a key type that is
-    /// `LosslessStringConvertible`.
+    /// Each keyed message so costs a pass over every entry, with no rate limit (a limit would have
+    /// to invalidate more under a busy but legitimate stream of writes): whoever can send messages
+    /// this invalidator accepts can make a flood of them expensive. With an authenticator that is
+    /// only the replicas that hold the secret (an unsigned, forged or replayed message is refused
+    /// before any scan); without one, anyone who can reach the bus. Prefer
+    /// ``subscribe(_:to:parse:)``, which reads the key back in one step (`UUID(uuidString:)` for a
+    /// `UUID` key), or a key type that is `LosslessStringConvertible`.
     public func subscribe<Key, Value>(_ family: AsyncStateFamily<Key, Value>, to topic: String) {
         subscribe(family, to: topic) { [state] key, core in
             state.withLock { $0.scans += 1 }
@@ -297,12 +313,10 @@ public final class AsyncStateInvalidator: Sendable {
         releaseHeld()
         switch delivery {
         case .invalidate(let message):
-            if let authenticator {
-                guard let signature = message.signature, authenticator.isValid(signature, for: message.signedContent)
-                else {
-                    state.withLock { $0.rejected += 1 }
-                    return
-                }
+            if let authenticator, let rejection = admit(message, authenticator) {
+                state.withLock { $0.rejected += 1 }
+                events?(.rejected(message, rejection))
+                return
             }
             // A key, a tag, or both, each applied as this replica's own invalidation would; neither:
             // the whole topic. The states' observers see the message (a whole topic held back by the
@@ -320,14 +334,46 @@ public final class AsyncStateInvalidator: Sendable {
         state.withLock { $0.applied += 1 }
     }
 
+    /// Why `message` is refused — its signature, or its time and whether it was seen (see
+    /// ``ReplayGuard``) — or `nil` when it is accepted.
+    private func admit(
+        _ message: AsyncStateInvalidation, _ authenticator: any AsyncStateInvalidationAuthenticator
+    ) -> Rejection? {
+        guard let signature = message.signature, authenticator.isValid(signature, for: message.signedContent) else {
+            return .signature
+        }
+        guard message.sender != nil else { return .untimed }
+        let now = Self.milliseconds(clock.date())
+        return state.withLock { $0.replays.admit(signature: signature, sentAt: message.sentAt, now: now) }
+    }
+
+    /// `date` in whole milliseconds since 1970, clamped to `Int64`.
+    static func milliseconds(_ date: Date) -> Int64 {
+        let milliseconds = (date.timeIntervalSince1970 * 1_000).rounded()
+        guard milliseconds.isFinite else { return 0 }
+        return milliseconds >= 9.2e18 ? .max : milliseconds <= -9.2e18 ? .min : Int64(milliseconds)
+    }
+
+    /// The most signatures an invalidator keeps to refuse replays (see ``ReplayGuard``): about 6 MB
+    /// at most, and a fleet sending more than 500 messages a second within a two-minute window has
+    /// its oldest ones refused by time rather than by signature, never accepted twice.
+    static var replayCapacity: Int { 65_536 }
+
+    /// The number of signed messages remembered to refuse replays (for tests).
+    var replaysRemembered: Int { state.withLock { $0.replays.count } }
+
     /// Invalidates every entry of `topics` now, or holds back those invalidated whole within the
     /// interval, to be applied once when it ends.
     private func invalidateWhole(_ topics: [String]) {
         let now = clock.now()
         let interval = invalidateAllInterval
+        // The rate limit keeps state for subscribed topics only: a flood of messages about topics
+        // nobody here subscribed to costs nothing, and remembers nothing.
+        let subscribed = subscriptions.withLock { subscriptions in topics.filter { subscriptions[$0] != nil } }
+        guard !subscribed.isEmpty else { return }
         let (due, wake) = state.withLock { state -> ([String], AsyncStream<Void>.Continuation?) in
             var due: [String] = []
-            for topic in topics {
+            for topic in subscribed {
                 if interval > .zero, let last = state.lastWhole[topic], now - last < interval {
                     if !state.held.insert(topic).inserted { state.coalesced += 1 }
                 } else {
@@ -397,15 +443,29 @@ public final class AsyncStateInvalidator: Sendable {
         subscriptions.withLock { $0[topic, default: []].append(subscription) }
     }
 
-    /// Drops the subscriptions whose subscriber is gone.
+    /// Drops the subscriptions whose subscriber is gone, and what the rate limit kept for topics
+    /// that have none left.
     private func prune() {
-        subscriptions.withLock { subscriptions in
+        let gone = subscriptions.withLock { subscriptions -> [String] in
+            var gone: [String] = []
             for topic in Array(subscriptions.keys) {
                 let live = subscriptions[topic]!.filter { $0.isAlive() }
                 subscriptions[topic] = live.isEmpty ? nil : live
+                if live.isEmpty { gone.append(topic) }
+            }
+            return gone
+        }
+        guard !gone.isEmpty else { return }
+        state.withLock { state in
+            for topic in gone {
+                state.lastWhole[topic] = nil
+                state.held.remove(topic)
             }
         }
     }
+
+    /// The number of topics the rate limit keeps state for (for tests).
+    var rateLimitedTopics: Int { state.withLock { $0.lastWhole.count } }
 }
 
 /// A weak reference that can be sent across tasks.

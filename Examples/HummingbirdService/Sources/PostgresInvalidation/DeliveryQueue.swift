@@ -9,8 +9,7 @@ import Synchronization
 /// Read by one consumer, through ``stream(onEnd:)``.
 final class DeliveryQueue: Sendable {
     private struct State {
-        var buffer: [AsyncStateInvalidationDelivery] = []
-        var head = 0
+        var buffer: Ring<AsyncStateInvalidationDelivery>
         var waiter: CheckedContinuation<AsyncStateInvalidationDelivery?, Never>?
         var finished = false
         var overflows = 0
@@ -18,11 +17,15 @@ final class DeliveryQueue: Sendable {
 
     /// The most deliveries the buffer holds.
     let capacity: Int
-    private let state = Mutex(State())
+    private let state: Mutex<State>
 
     init(capacity: Int) {
         self.capacity = max(1, capacity)
+        state = Mutex(State(buffer: Ring(capacity: self.capacity)))
     }
+
+    /// How many slots the buffer has allocated (for tests): never more than ``capacity``.
+    var allocatedSlots: Int { state.withLock { $0.buffer.allocated } }
 
     /// How many times the buffer overflowed and was replaced by one `reconnected`.
     var overflows: Int { state.withLock { $0.overflows } }
@@ -37,12 +40,9 @@ final class DeliveryQueue: Sendable {
                 state.waiter = nil
                 return (waiter, true)
             }
-            if state.buffer.count - state.head < capacity {
-                state.buffer.append(delivery)
-                return (nil, true)
-            }
-            state.buffer = [.reconnected]
-            state.head = 0
+            if state.buffer.append(delivery) { return (nil, true) }
+            state.buffer.removeAll()
+            _ = state.buffer.append(.reconnected)
             state.overflows += 1
             return (nil, false)
         }
@@ -66,15 +66,7 @@ final class DeliveryQueue: Sendable {
         await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 let answer = state.withLock { state -> AsyncStateInvalidationDelivery?? in
-                    if state.head < state.buffer.count {
-                        let delivery = state.buffer[state.head]
-                        state.head += 1
-                        if state.head == state.buffer.count {
-                            state.buffer.removeAll(keepingCapacity: true)
-                            state.head = 0
-                        }
-                        return .some(delivery)
-                    }
+                    if let delivery = state.buffer.popFirst() { return .some(delivery) }
                     if state.finished || Task.isCancelled { return .some(nil) }
                     state.waiter = continuation
                     return .none
@@ -93,5 +85,58 @@ final class DeliveryQueue: Sendable {
     /// The queue as a stream for its one consumer; `onEnd` runs when the consumer stops.
     func stream(onEnd: @escaping @Sendable () -> Void) -> AsyncStream<AsyncStateInvalidationDelivery> {
         AsyncStream(unfolding: { [self] in await next() }, onCancel: onEnd)
+    }
+}
+
+/// A first-in, first-out ring of at most `capacity` elements: it grows by doubling up to its capacity
+/// and frees each element as it is taken, so what it holds — and what it has allocated — never
+/// exceeds the capacity, whatever went through it (a buffer that frees its slots only when it
+/// empties holds every element ever pushed while one stays pending).
+struct Ring<Element> {
+    private var slots: [Element?] = []
+    private var head = 0
+    private(set) var count = 0
+    let capacity: Int
+
+    init(capacity: Int) {
+        self.capacity = max(1, capacity)
+    }
+
+    /// The slots allocated.
+    var allocated: Int { slots.count }
+
+    /// Adds `element` at the end; `false` (and unchanged) when full.
+    mutating func append(_ element: Element) -> Bool {
+        guard count < capacity else { return false }
+        if count == slots.count { grow() }
+        slots[(head + count) % slots.count] = element
+        count += 1
+        return true
+    }
+
+    /// Takes the first element out, freeing its slot; `nil` when empty.
+    mutating func popFirst() -> Element? {
+        guard count > 0 else { return nil }
+        let element = slots[head].take()
+        head = (head + 1) % slots.count
+        count -= 1
+        return element
+    }
+
+    /// Empties the ring, keeping its slots.
+    mutating func removeAll() {
+        while popFirst() != nil {}
+        head = 0
+    }
+
+    /// Doubles the slots (up to the capacity), the elements in order from the first slot.
+    private mutating func grow() {
+        let size = min(capacity, max(4, slots.count * 2))
+        var grown: [Element?] = []
+        grown.reserveCapacity(size)
+        for offset in 0..<count { grown.append(slots[(head + offset) % slots.count].take()) }
+        grown.append(contentsOf: repeatElement(nil, count: size - count))
+        slots = grown
+        head = 0
     }
 }

@@ -11,11 +11,18 @@ import Foundation
 /// let invalidator = AsyncStateInvalidator(bus: bus, authenticator: try HMACAuthenticator(secret: secret))
 /// ```
 ///
-/// The signature covers the message's topic and key (`AsyncStateInvalidation.signedContent`), not
-/// when it was sent: a message captured on the way can be sent again, and invalidates what it
-/// invalidated the first time — at most one extra read of it, and whole-topic ones are rate-limited.
+/// The signature covers the message's topic, key, tag, version and metadata, who sent it and when
+/// (`AsyncStateInvalidation.signedContent`): the invalidator refuses a message sent again (a replay)
+/// or sent outside its replay window.
+///
+/// ## Rotating the secret
+///
+/// Give it a list: it signs with the first secret and accepts a signature by any of them. A fleet
+/// changes its secret without downtime in three rolling restarts: every replica gets `[old, new]`
+/// (it accepts both, still signs with the old), then `[new, old]` (it signs with the new one, which
+/// every replica now accepts), then `[new]`.
 public struct HMACAuthenticator: AsyncStateInvalidationAuthenticator {
-    private let key: SymmetricKey
+    private let keys: [SymmetricKey]
 
     /// The shortest secret accepted, in UTF-8 bytes: 32, an HMAC-SHA256 key's length.
     public static var minimumSecretBytes: Int { 32 }
@@ -26,7 +33,9 @@ public struct HMACAuthenticator: AsyncStateInvalidationAuthenticator {
         public var bytes: Int
 
         public var description: String {
-            "an invalidation secret of \(bytes) bytes: at least \(HMACAuthenticator.minimumSecretBytes) are needed"
+            bytes == 0 && HMACAuthenticator.minimumSecretBytes > 0
+                ? "no invalidation secret: at least one of \(HMACAuthenticator.minimumSecretBytes) bytes is needed"
+                : "an invalidation secret of \(bytes) bytes: at least \(HMACAuthenticator.minimumSecretBytes) are needed"
         }
     }
 
@@ -34,17 +43,31 @@ public struct HMACAuthenticator: AsyncStateInvalidationAuthenticator {
     ///
     /// - Throws: ``SecretTooShort`` for a secret under ``minimumSecretBytes``.
     public init(secret: String) throws(SecretTooShort) {
-        guard secret.utf8.count >= Self.minimumSecretBytes else { throw SecretTooShort(bytes: secret.utf8.count) }
-        key = SymmetricKey(data: Data(secret.utf8))
+        try self.init(secrets: [secret])
+    }
+
+    /// An authenticator that signs with the first of `secrets` and accepts a signature by any.
+    ///
+    /// - Throws: ``SecretTooShort`` for an empty list, or a secret under ``minimumSecretBytes``.
+    public init(secrets: [String]) throws(SecretTooShort) {
+        guard !secrets.isEmpty else { throw SecretTooShort(bytes: 0) }
+        for secret in secrets where secret.utf8.count < Self.minimumSecretBytes {
+            throw SecretTooShort(bytes: secret.utf8.count)
+        }
+        keys = secrets.map { SymmetricKey(data: Data($0.utf8)) }
     }
 
     public func signature(for content: String) -> String {
-        Data(HMAC<SHA256>.authenticationCode(for: Data(content.utf8), using: key)).base64EncodedString()
+        Data(HMAC<SHA256>.authenticationCode(for: Data(content.utf8), using: keys[0])).base64EncodedString()
     }
 
-    /// Compares in constant time (`HMAC.isValidAuthenticationCode`).
+    /// Compares in constant time (`HMAC.isValidAuthenticationCode`) with each secret in turn.
     public func isValid(_ signature: String, for content: String) -> Bool {
         guard let code = Data(base64Encoded: signature) else { return false }
-        return HMAC<SHA256>.isValidAuthenticationCode(code, authenticating: Data(content.utf8), using: key)
+        let data = Data(content.utf8)
+        // Every key is tried, whichever matches: the time taken does not say which one did.
+        return keys.reduce(false) { valid, key in
+            HMAC<SHA256>.isValidAuthenticationCode(code, authenticating: data, using: key) || valid
+        }
     }
 }

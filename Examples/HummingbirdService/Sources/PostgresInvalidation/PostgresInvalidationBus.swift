@@ -37,12 +37,18 @@ import Synchronization
 ///   is counted in ``malformedPayloads`` and ignored; it is logged at `warning` the first time and
 ///   then at each power of two (at `debug` otherwise), with an escaped excerpt, so a flood of them
 ///   neither floods the log nor forges lines in it.
-/// - **Each subscriber's deliveries wait in a bounded buffer** (`deliveryBuffer`): when a flood
-///   outpaces the subscriber, what is buffered is replaced by one `.reconnected` (invalidating
-///   everything is always safe), counted in ``overflows``. Memory stays bounded whatever arrives.
+/// - **With an authenticator, a message is checked before it takes a buffer slot:** one whose
+///   signature is missing or wrong is counted in ``unauthenticatedPayloads`` and dropped, so an
+///   unsigned flood — anyone who can connect to the database can send one — costs a counter, never
+///   an overflow, and so never the `.reconnected` that invalidates everything. (The invalidator
+///   checks again, and refuses replays: the bus does not know the time window.)
+/// - **Each subscriber's deliveries wait in a bounded buffer** (`deliveryBuffer`, a ring whose
+///   memory is bounded by its capacity): when a flood of authentic messages outpaces the
+///   subscriber, what is buffered is replaced by one `.reconnected` (invalidating everything is
+///   always safe), counted in ``overflows``. Memory stays bounded whatever arrives.
 /// - **Metrics** (swift-metrics, labelled with the channel): `async_state_bus_received_total`,
 ///   `async_state_bus_malformed_total`, `async_state_bus_reconnections_total`,
-///   `async_state_bus_overflows_total`, and the gauge `async_state_bus_listening` (1 while `LISTEN`
+///   `async_state_bus_overflows_total`, `async_state_bus_unauthenticated_total`, and the gauge `async_state_bus_listening` (1 while `LISTEN`
 ///   is in place).
 ///
 /// A replica hears its own notifications too (PostgreSQL sends a notification to every listening
@@ -56,6 +62,7 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
     private let backoff: Backoff
     private let heartbeat: Duration
     private let deliveryBuffer: Int
+    private let authenticator: (any AsyncStateInvalidationAuthenticator)?
     /// How long connecting and putting `LISTEN` in place may take: twice the heartbeat, at least 2 s.
     private var setupTimeout: Duration { max(heartbeat * 2, .seconds(2)) }
     private let logger: Logger
@@ -67,6 +74,7 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
         let malformed: Counter
         let reconnections: Counter
         let overflows: Counter
+        let unauthenticated: Counter
         let listening: Gauge
 
         init(channel: String) {
@@ -75,6 +83,7 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
             malformed = Counter(label: "async_state_bus_malformed_total", dimensions: dimensions)
             reconnections = Counter(label: "async_state_bus_reconnections_total", dimensions: dimensions)
             overflows = Counter(label: "async_state_bus_overflows_total", dimensions: dimensions)
+            unauthenticated = Counter(label: "async_state_bus_unauthenticated_total", dimensions: dimensions)
             listening = Gauge(label: "async_state_bus_listening", dimensions: dimensions)
         }
     }
@@ -88,6 +97,7 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
         var reconnections = 0
         var received = 0
         var overflows = 0
+        var unauthenticated = 0
     }
 
     /// How long the bus waits before connecting again after attempt `n` failed:
@@ -135,11 +145,14 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
     ///   - heartbeat: How often the listening connection is pinged.
     ///   - deliveryBuffer: How many deliveries each subscriber's buffer holds before it overflows
     ///     into one `.reconnected` (at least 1).
+    ///   - authenticator: The invalidator's: a message whose signature it does not accept is dropped
+    ///     before it is buffered. `nil`: every message is buffered.
     /// - Throws: ``ChannelNameError`` for any other channel name.
     public init(
         client: PostgresClient, listening: PostgresConnection.Configuration,
         channel: String = "async_state_invalidations", backoff: Backoff = Backoff(),
-        heartbeat: Duration = .seconds(5), deliveryBuffer: Int = 1_024, logger: Logger
+        heartbeat: Duration = .seconds(5), deliveryBuffer: Int = 1_024,
+        authenticator: (any AsyncStateInvalidationAuthenticator)? = nil, logger: Logger
     ) throws(ChannelNameError) {
         guard Self.isValidChannel(channel) else { throw ChannelNameError(channel: channel) }
         self.client = client
@@ -148,6 +161,7 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
         self.backoff = backoff
         self.heartbeat = heartbeat
         self.deliveryBuffer = max(1, deliveryBuffer)
+        self.authenticator = authenticator
         self.logger = logger
         metrics = BusMetrics(channel: channel)
     }
@@ -174,6 +188,9 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
     public var invalidationsReceived: Int { state.withLock { $0.received } }
     /// Times `LISTEN` was put in place again after a lost connection.
     public var reconnections: Int { state.withLock { $0.reconnections } }
+    /// Notifications dropped before buffering because their signature was missing or wrong (with an
+    /// authenticator).
+    public var unauthenticatedPayloads: Int { state.withLock { $0.unauthenticated } }
     /// Times a subscriber's buffer overflowed and was replaced by one `.reconnected`.
     public var overflows: Int { state.withLock { $0.overflows } }
 
@@ -376,6 +393,16 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
                 "ignored a notification that is not an invalidation",
                 metadata: ["channel": "\(channel)", "error": "\(error)", "count": "\(count)"])
             return
+        }
+        // Checked before it takes a slot in any buffer: an unsigned flood never overflows one.
+        if let authenticator {
+            guard let signature = invalidation.signature,
+                authenticator.isValid(signature, for: invalidation.signedContent)
+            else {
+                state.withLock { $0.unauthenticated += 1 }
+                metrics.unauthenticated.increment()
+                return
+            }
         }
         let subscribers = state.withLock { state in
             state.received += 1

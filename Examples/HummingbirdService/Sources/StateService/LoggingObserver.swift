@@ -1,5 +1,6 @@
 import AsyncStateKit
 import Logging
+import Synchronization
 
 /// Logs what states do through swift-log: one line per transition, with the state's name (and a
 /// family entry's key) as metadata. Hits, stale serves and joins are per request, so they log at
@@ -119,5 +120,51 @@ public struct ObserverGroup: AsyncStateObserver {
             own.callerContext = contexts.flatMap { index < $0.count ? $0[index] : nil }
             observer.observe(own)
         }
+    }
+}
+
+/// Logs the deliveries an invalidator refused (forged, unsigned, replayed), at most one line per
+/// `interval` with how many and why since the last: a flood of forged messages costs a counter,
+/// never a flood of log lines. Never logs a message's content (an attacker chose it).
+public final class RejectionLog: Sendable {
+    private struct State {
+        var counts: [String: Int] = [:]
+        var lastLine: ContinuousClock.Instant?
+    }
+
+    private let logger: Logger
+    private let interval: Duration
+    private let state = Mutex(State())
+
+    public init(logger: Logger, interval: Duration = .seconds(10)) {
+        self.logger = logger
+        self.interval = interval
+    }
+
+    /// The invalidator's `events:` callback; other events pass through to `next`.
+    public func events(
+        then next: (@Sendable (AsyncStateInvalidator.Event) -> Void)? = nil
+    ) -> @Sendable (AsyncStateInvalidator.Event) -> Void {
+        { [self] event in
+            next?(event)
+            guard case .rejected(_, let reason) = event else { return }
+            note("\(reason)")
+        }
+    }
+
+    private func note(_ reason: String) {
+        let now = ContinuousClock.now
+        let counts = state.withLock { state -> [String: Int]? in
+            state.counts[reason, default: 0] += 1
+            if let last = state.lastLine, now - last < interval { return nil }
+            state.lastLine = now
+            defer { state.counts = [:] }
+            return state.counts
+        }
+        guard let counts else { return }
+        let summary = counts.sorted { $0.key < $1.key }.map { "\($0.value) for \($0.key)" }.joined(separator: ", ")
+        logger.warning(
+            "invalidations refused",
+            metadata: ["refused": "\(summary)", "hint": "a replica with another secret, or someone without it"])
     }
 }

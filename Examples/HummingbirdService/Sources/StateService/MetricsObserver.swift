@@ -60,19 +60,32 @@ public final class MetricsObserver: AsyncStateObserver {
     }
 
     /// Counts what an invalidator's recovery does (`async_state_invalidator_messages_total{event}`:
-    /// `queued`, `resent`, `collapsed`, `dropped`), each from 0.
+    /// `queued`, `resent`, `collapsed`, `dropped`) and the deliveries it refused
+    /// (`async_state_invalidator_rejected_total{reason}`: `signature`, `untimed`, `outside_window`,
+    /// `replayed`), each from 0.
     public func invalidatorEvents() -> @Sendable (AsyncStateInvalidator.Event) -> Void {
         let make = { [factory] (event: String) in
             Counter(
                 label: "async_state_invalidator_messages_total", dimensions: [("event", event)], factory: factory)
         }
         let (queued, resent, collapsed, dropped) = (make("queued"), make("resent"), make("collapsed"), make("dropped"))
+        let rejected = { [factory] (reason: String) in
+            Counter(
+                label: "async_state_invalidator_rejected_total", dimensions: [("reason", reason)], factory: factory)
+        }
+        let (signature, untimed, outsideWindow, replayed) = (
+            rejected("signature"), rejected("untimed"), rejected("outside_window"), rejected("replayed")
+        )
         return { event in
             switch event {
             case .queued: queued.increment()
             case .resent: resent.increment()
             case .collapsed: collapsed.increment()
             case .dropped: dropped.increment()
+            case .rejected(_, .signature): signature.increment()
+            case .rejected(_, .untimed): untimed.increment()
+            case .rejected(_, .outsideWindow): outsideWindow.increment()
+            case .rejected(_, .replayed): replayed.increment()
             }
         }
     }

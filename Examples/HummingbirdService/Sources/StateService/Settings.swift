@@ -34,9 +34,9 @@ import PostgresNIO
 /// | `TENANT_READ_LATENCY` | 0 | How much longer each read of the tenant store takes (a slow source, to watch the replicas wait for one another's load). |
 /// | `TENANT_MAX_BYTES` | 67108864 | What the cached tenants' settings may weigh together, in bytes. |
 /// | `WRITE_TOKEN` | (none) | The bearer token `PUT /config/:tenant` requires (at least 16 characters); without it, writes are refused. |
-/// | `POSTGRES_URL` | (none) | `postgres://user[:password]@host[:port]/database[?sslmode=disable\|require\|verify-full]`: tenants live there, and replicas invalidate each other through it. Without it, tenants live in memory. TLS is verified (`verify-full`) by default, and required for any host but the loopback. |
+/// | `POSTGRES_URL` | (none) | `postgres://user[:password]@host[:port]/database[?sslmode=disable\|require\|verify-full]`: tenants live there, and replicas invalidate each other through it. Without it, tenants live in memory. TLS is verified (`verify-full`) by default for any host but the loopback, where the default is `disable`; TLS is required for any other host. |
 /// | `INVALIDATION_CHANNEL` | async_state_invalidations | The `NOTIFY` channel the replicas share. |
-/// | `INVALIDATION_SECRET` | (none; required with `POSTGRES_URL`) | The secret the replicas sign their invalidations with (HMAC-SHA256, at least 32 bytes): a message without a valid signature is dropped. |
+/// | `INVALIDATION_SECRET` | (none; required with `POSTGRES_URL`) | The secret the replicas sign their invalidations with (HMAC-SHA256, at least 32 bytes): a message without a valid signature, or replayed, is dropped. Several, separated by spaces, while rotating: the first signs, any is accepted. |
 /// | `SECOND_LEVEL` | on | With `POSTGRES_URL`: `on` shares the tenants the replicas load in PostgreSQL (`PostgresSecondLevel`), so that the fleet costs the tenant store one read per change; `off`: each replica reads its own. |
 /// | `STORE_TIMEOUT` | 2 | The longest one call to the tenant store may take (a read, a write, the readiness probe): past it the caller gets 503 with a message naming what is unreachable, and a request never outlasts it by much. |
 /// | `STORE_PROBE_EVERY` | 5 | How often the readiness probe asks the tenant store for a row (`/ready` is 503, with the reason, while it fails). |
@@ -77,7 +77,8 @@ public struct Settings: Sendable, Equatable {
     public var writeToken: String?
     public var postgres: PostgresSettings?
     public var invalidationChannel = "async_state_invalidations"
-    public var invalidationSecret: String?
+    /// The invalidation secrets: the first signs, any is accepted (several while rotating).
+    public var invalidationSecrets: [String]?
     public var invalidateAllInterval = Duration.seconds(1)
     /// Whether tenants go through a second level in PostgreSQL (with ``postgres`` only).
     public var secondLevel = true
@@ -142,12 +143,17 @@ public struct Settings: Sendable, Equatable {
             }
         }
         if let secret = read.string("INVALIDATION_SECRET") {
-            guard secret.utf8.count >= HMACAuthenticator.minimumSecretBytes else {
+            // Several, separated by spaces, while the fleet rotates its secret (see HMACAuthenticator).
+            let secrets = secret.split(whereSeparator: \.isWhitespace).map(String.init)
+            let minimum = HMACAuthenticator.minimumSecretBytes
+            guard !secrets.isEmpty, secrets.allSatisfy({ $0.utf8.count >= minimum }) else {
+                // Lengths only: never a secret, nor a part of one.
+                let lengths = secrets.map { "\($0.utf8.count) bytes" }.joined(separator: ", ")
                 throw SettingsError(
-                    variable: "INVALIDATION_SECRET", value: "(\(secret.utf8.count) bytes)",
-                    expected: "at least \(HMACAuthenticator.minimumSecretBytes) bytes")
+                    variable: "INVALIDATION_SECRET", value: "(\(lengths.isEmpty ? "blank" : lengths))",
+                    expected: "at least \(minimum) bytes each (several separated by spaces while rotating)")
             }
-            invalidationSecret = secret
+            invalidationSecrets = secrets
         } else if postgres != nil {
             throw SettingsError(
                 variable: "INVALIDATION_SECRET", value: "(unset)",

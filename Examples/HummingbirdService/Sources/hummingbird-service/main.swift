@@ -54,13 +54,14 @@ var authenticator: HMACAuthenticator?
 var secondLevel: PostgresSecondLevel?
 if let postgres = settings.postgres {
     let client = PostgresClient(configuration: postgres.client, backgroundLogger: logger)
+    // Settings guarantee a secret with POSTGRES_URL.
+    authenticator = try settings.invalidationSecrets.map { try HMACAuthenticator(secrets: $0) }
     let postgresBus = try PostgresInvalidationBus(
-        client: client, listening: try postgres.connection(), channel: settings.invalidationChannel, logger: logger)
+        client: client, listening: try postgres.connection(), channel: settings.invalidationChannel,
+        authenticator: authenticator, logger: logger)
     tenantStore = PostgresTenantStore(client: client, logger: logger, probing: try postgres.connection())
     if settings.secondLevel { secondLevel = PostgresSecondLevel(client: client, logger: logger) }
     bus = postgresBus
-    // Settings guarantee a secret with POSTGRES_URL.
-    authenticator = try settings.invalidationSecret.map { try HMACAuthenticator(secret: $0) }
     services += [client, postgresBus]
 }
 if settings.tenantReadLatency > .zero {
@@ -71,7 +72,8 @@ let catalog = Catalog(
     upstream: SimulatedUpstream(
         latency: settings.upstreamLatency, clock: ContinuousClock(), outage: settings.upstreamOutage),
     observer: observer, tenantStore: tenantStore, bus: bus, authenticator: authenticator, secondLevel: secondLevel,
-    invalidationMetadata: tracing.invalidationMetadata, invalidatorEvents: metrics.invalidatorEvents())
+    invalidationMetadata: tracing.invalidationMetadata,
+    invalidatorEvents: RejectionLog(logger: logger).events(then: metrics.invalidatorEvents()))
 if let invalidator = catalog.invalidator {
     services.append(InvalidationService(invalidator: invalidator))
 }

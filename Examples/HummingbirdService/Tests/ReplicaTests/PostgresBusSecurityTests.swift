@@ -75,6 +75,75 @@ extension RealServerTests {
             }
         }
 
+        /// What anyone who can connect can do without the secret: 100,000 well-formed, unsigned
+        /// notifications. The bus checks each before buffering it: no overflow, so no `reconnected`
+        /// and no invalidation, and no memory kept.
+        @Test func aHundredThousandUnsignedNotificationsCostNoInvalidationAndNoMemory() async throws {
+            let secret = try HMACAuthenticator(secret: Server.secret)
+            try await withBuses(1, deliveryBuffer: 16, authenticator: secret) { buses, client in
+                let bus = buses[0]
+                let reader = AsyncStateInvalidator(bus: bus, authenticator: secret, invalidateAllInterval: .zero)
+                let tenants = AsyncStateFamily<String, Int>(expiry: .seconds(600))
+                reader.subscribe(tenants, to: "tenants")
+                let applying = Task { await reader.run() }
+                defer { applying.cancel() }
+                #expect(await eventually(timeout: .seconds(10)) { reader.deliveriesApplied == 1 })
+                _ = try await tenants.value(for: "acme") { _ in 1 }
+                let before = residentKilobytes()
+                for batch in 0..<10 {
+                    let flood = try await client.query(
+                        """
+                        SELECT pg_notify(\(bus.channel), '{"topic":"tenants","key":"' || i || '","metadata":{"pad":"' \
+                        || repeat('x', 200) || '"}}') FROM generate_series(\(batch * 10_000 + 1), \((batch + 1) * 10_000)) AS i
+                        """, logger: quietLogger)
+                    for try await _ in flood {}
+                }
+                #expect(await eventually(timeout: .seconds(60)) { bus.unauthenticatedPayloads == 100_000 })
+                let after = residentKilobytes()
+                print(
+                    "100,000 unsigned notifications: RSS \(before) kB before, \(after) kB after; "
+                        + "\(bus.unauthenticatedPayloads) dropped unbuffered, \(bus.overflows) overflows, "
+                        + "\(reader.deliveriesApplied - 1) applied")
+                #expect(bus.overflows == 0)
+                #expect(reader.deliveriesApplied == 1 && reader.deliveriesRejected == 0)
+                #expect(tenants.snapshot(for: "acme")?.isExpired == false)
+                // Bounded: 100,000 payloads of about 250 bytes would be 25 MB if they were kept.
+                #expect(after - before < 16_000, "RSS grew \(after - before) kB")
+            }
+        }
+
+        /// Anyone can LISTEN and capture a signed message; sent again, it is refused.
+        @Test func aCapturedSignedMessageSentAgainIsRefused() async throws {
+            let secret = try HMACAuthenticator(secret: Server.secret)
+            try await withBuses(2, authenticator: secret) { buses, client in
+                let writer = AsyncStateInvalidator(bus: buses[0], authenticator: secret)
+                let reader = AsyncStateInvalidator(bus: buses[1], authenticator: secret, invalidateAllInterval: .zero)
+                let tenants = AsyncStateFamily<String, Int>(expiry: .seconds(600))
+                reader.subscribe(tenants, to: "tenants")
+                // The attacker's capture: what goes over the channel, as any listener hears it.
+                var captured = buses[1].deliveries().makeAsyncIterator()
+                #expect(await captured.next() == .reconnected)
+                let applying = Task { await reader.run() }
+                defer { applying.cancel() }
+                #expect(await eventually(timeout: .seconds(10)) { reader.deliveriesApplied == 1 })
+                _ = try await tenants.value(for: "acme") { _ in 1 }
+                try await writer.invalidate("tenants", key: "acme")
+                guard case .invalidate(let message) = await captured.next() else {
+                    Issue.record("nothing was captured")
+                    return
+                }
+                #expect(await eventually(timeout: .seconds(10)) { tenants.snapshot(for: "acme")?.isExpired == true })
+                _ = try await tenants.value(for: "acme") { _ in 2 }
+                try await client.query(
+                    "SELECT pg_notify(\(buses[0].channel), \(try message.payload()))", logger: quietLogger)
+                #expect(await eventually(timeout: .seconds(10)) { reader.deliveriesRejected == 1 })
+                print(
+                    "a replayed signed message: refused (\(reader.deliveriesRejected) rejected), the tenant still fresh"
+                )
+                #expect(tenants.snapshot(for: "acme")?.isExpired == false)
+            }
+        }
+
         @Test func aFloodOutpacingItsSubscriberIsHeldInABoundedBufferAndBecomesOneReconnected() async throws {
             try await withBuses(1, deliveryBuffer: 16) { buses, client in
                 let bus = buses[0]
@@ -147,4 +216,12 @@ extension RealServerTests {
             }
         }
     }
+}
+
+/// This process's resident memory in kB (`VmRSS` in `/proc/self/status`), 0 where there is none.
+func residentKilobytes() -> Int {
+    guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
+        let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") })
+    else { return 0 }
+    return Int(line.split(whereSeparator: \.isWhitespace).dropFirst().first ?? "") ?? 0
 }

@@ -15,7 +15,8 @@ import Glibc
 /// the duration of `body` (the real clock, a real server).
 func withBuses(
     _ count: Int, channel: String = uniqueChannel("bus"), backoff: PostgresInvalidationBus.Backoff = .init(),
-    heartbeat: Duration = .milliseconds(500), deliveryBuffer: Int = 1_024, logger: Logger = quietLogger,
+    heartbeat: Duration = .milliseconds(500), deliveryBuffer: Int = 1_024,
+    authenticator: (any AsyncStateInvalidationAuthenticator)? = nil, logger: Logger = quietLogger,
     _ body: @Sendable ([PostgresInvalidationBus], PostgresClient) async throws -> Void
 ) async throws {
     let server = try Server.settings()
@@ -24,7 +25,7 @@ func withBuses(
     let buses = try (0..<count).map { _ in
         try PostgresInvalidationBus(
             client: client, listening: listening, channel: channel, backoff: backoff,
-            heartbeat: heartbeat, deliveryBuffer: deliveryBuffer, logger: logger)
+            heartbeat: heartbeat, deliveryBuffer: deliveryBuffer, authenticator: authenticator, logger: logger)
     }
     try await withThrowingTaskGroup(of: Void.self) { group in
         group.addTask { await client.run() }
