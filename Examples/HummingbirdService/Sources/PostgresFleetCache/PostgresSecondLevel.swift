@@ -55,8 +55,12 @@ import PostgresNIO
 /// GRANT CREATE ON SCHEMA public TO app_service;   -- or create the two objects as app_service
 /// ```
 ///
-/// Rows are never deleted here: one row per key ever cached (a marker for an invalidated key that was
-/// never loaded). A periodic `DELETE FROM async_state_entries WHERE fresh_until < <now − a day>` is
+/// A row that holds only a lease is deleted when the lease is given back, so misses of keys that
+/// never get an entry (a tenant that does not exist) leave no rows; a holder that dies leaves its
+/// row until ``deleteAbandonedLeases(olderThan:)``, which the service runs now and then. A version
+/// beyond the sequence's `last_value` was written by hand: such a row reads as garbage (never
+/// served) and the next write replaces it. Other rows are kept: one per key ever cached (a marker
+/// for an invalidated key that was never loaded). A periodic `DELETE FROM async_state_entries WHERE fresh_until < <now − a day>` is
 /// safe once no load can take longer than that: a holder still loading with an older token would
 /// otherwise land its write on a key whose marker was deleted.
 public final class PostgresSecondLevel: AsyncStateSecondLevel {
@@ -103,8 +107,18 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
 
     public func read(_ key: String) async throws -> AsyncStateStoredEntry? {
         try await prepare()
+        // A version beyond what the sequence has handed out was written by hand (a planted entry,
+        // with a version that would make replicas ignore every later change of the key): it reads
+        // as garbage, version 0 — never served, counted by the family as undecodable, and replaced
+        // by its next write (which ``write(_:for:)`` lets through over such a version).
         let rows = try await client.query(
-            "SELECT payload, succeeded_at, fresh_until, version FROM async_state_entries WHERE key = \(key)",
+            """
+            SELECT CASE WHEN planted THEN '\\xff'::bytea ELSE payload END,
+                CASE WHEN planted THEN \(Self.never) ELSE succeeded_at END,
+                CASE WHEN planted THEN \(Self.never) ELSE fresh_until END, CASE WHEN planted THEN 0 ELSE version END
+            FROM (SELECT *, version > (SELECT last_value FROM async_state_versions) AS planted
+                FROM async_state_entries WHERE key = \(key)) AS row
+            """,
             logger: logger)
         for try await (payload, succeededAt, freshUntil, version) in rows.decode(
             (ByteBuffer, Double, Double, Int64).self)
@@ -129,7 +143,7 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
             VALUES (\(key), \(payload), \(succeededAt), \(freshUntil), \(version))
             ON CONFLICT (key) DO UPDATE SET payload = EXCLUDED.payload, succeeded_at = EXCLUDED.succeeded_at,
                 fresh_until = EXCLUDED.fresh_until, version = EXCLUDED.version
-            WHERE e.version < EXCLUDED.version
+            WHERE e.version < EXCLUDED.version OR e.version > (SELECT last_value FROM async_state_versions)
             RETURNING 1
             """, logger: logger)
         for try await _ in rows.decode(Int.self) { return true }
@@ -152,7 +166,8 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
                 ON CONFLICT (key) DO UPDATE SET lease_token = nextval('async_state_versions'),
                     lease_until = clock_timestamp() + make_interval(secs => \(seconds))
                 WHERE e.lease_until IS NULL OR e.lease_until <= clock_timestamp()
-                RETURNING e.lease_token, e.version)
+                RETURNING e.lease_token,
+                    CASE WHEN e.version > (SELECT last_value FROM async_state_versions) THEN 0 ELSE e.version END)
             SELECT lease_token, version, NULL::float8 FROM taken
             UNION ALL
             SELECT NULL::bigint, NULL::bigint, extract(epoch FROM lease_until - clock_timestamp())::float8
@@ -172,10 +187,16 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
     public func releaseLease(on key: String, token: UInt64) async throws {
         guard let token = Self.bigint(token) else { return }
         try await prepare()
+        // A row that holds only the lease (version 0: no entry was ever written or invalidated for
+        // the key, such as a tenant that does not exist) goes with it: misses of keys that never
+        // get an entry leave no rows behind.
         try await run(
             """
+            WITH gone AS (
+                DELETE FROM async_state_entries WHERE key = \(key) AND lease_token = \(token) AND version = 0
+                RETURNING 1)
             UPDATE async_state_entries SET lease_token = NULL, lease_until = NULL
-            WHERE key = \(key) AND lease_token = \(token)
+            WHERE key = \(key) AND lease_token = \(token) AND NOT EXISTS (SELECT 1 FROM gone)
             """)
     }
 
@@ -221,6 +242,27 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
                 fresh_until = \(Self.never), lease_token = NULL, lease_until = NULL
             WHERE starts_with(key, \(prefix))
             """)
+    }
+
+    /// Deletes the rows that hold only a lease that expired more than `age` ago (its holder died
+    /// before giving it back); returns how many. Bounded per call (10,000 rows), so that it never
+    /// holds the table long: run it every minute or so.
+    @discardableResult
+    public func deleteAbandonedLeases(olderThan age: Duration = .seconds(60)) async throws -> Int {
+        try await prepare()
+        let rows = try await client.query(
+            """
+            WITH gone AS (
+                DELETE FROM async_state_entries WHERE key IN (
+                    SELECT key FROM async_state_entries
+                    WHERE version = 0 AND lease_until < clock_timestamp() - make_interval(secs => \(Self.seconds(age)))
+                    LIMIT 10000)
+                AND version = 0 AND lease_until < clock_timestamp() - make_interval(secs => \(Self.seconds(age)))
+                RETURNING 1)
+            SELECT count(*)::bigint FROM gone
+            """, logger: logger)
+        for try await count in rows.decode(Int64.self) { return Int(count) }
+        return 0
     }
 
     /// Runs `query` to its end: an error the server sends with (or instead of) the rows is thrown

@@ -160,12 +160,16 @@ public func buildApplication(
 }
 
 /// The states' background work (``RefreshService``) as `settings` configure it: the refresh
-/// interval, the state file, and the tenant store's readiness probe (with `POSTGRES_URL`).
-public func buildRefreshService(catalog: Catalog, settings: Settings, logger: Logger) -> RefreshService {
+/// interval, the state file, the tenant store's readiness probe (with `POSTGRES_URL`) and its
+/// housekeeping (`maintenance`).
+public func buildRefreshService(
+    catalog: Catalog, settings: Settings, maintenance: RefreshService.Maintenance? = nil, logger: Logger
+) -> RefreshService {
     RefreshService(
         catalog: catalog, interval: settings.configRefreshInterval,
         stateFile: settings.stateFile.map { AsyncStateArchiveFile(url: URL(fileURLWithPath: $0)) },
-        probeInterval: settings.postgres == nil ? nil : settings.storeProbeInterval, logger: logger)
+        probeInterval: settings.postgres == nil ? nil : settings.storeProbeInterval, maintenance: maintenance,
+        logger: logger)
 }
 
 /// Applies an invalidator's deliveries until graceful shutdown (or until its bus stops).

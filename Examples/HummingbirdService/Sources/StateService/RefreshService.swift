@@ -13,16 +13,35 @@ public struct RefreshService: Service {
     let stateFile: AsyncStateArchiveFile?
     /// How often the tenant store is probed for `/ready` (`nil`: never).
     let probeInterval: Duration?
+    /// Housekeeping of the store, run every `every`, each run bounded by `timeout`.
+    let maintenance: Maintenance?
     let logger: Logger
+
+    /// Housekeeping the service runs now and then (the second level's abandoned leases).
+    public struct Maintenance: Sendable {
+        /// What it does, for its log line.
+        public var name: String
+        /// How often it runs.
+        public var every: Duration
+        /// How long one run may take before it is abandoned.
+        public var timeout: Duration
+        /// One run; returns how many things it cleaned.
+        public var run: @Sendable () async throws -> Int
+
+        public init(name: String, every: Duration, timeout: Duration, run: @escaping @Sendable () async throws -> Int) {
+            (self.name, self.every, self.timeout, self.run) = (name, every, timeout, run)
+        }
+    }
 
     public init(
         catalog: Catalog, interval: Duration, stateFile: AsyncStateArchiveFile? = nil, probeInterval: Duration? = nil,
-        logger: Logger
+        maintenance: Maintenance? = nil, logger: Logger
     ) {
         self.catalog = catalog
         self.interval = interval
         self.stateFile = stateFile
         self.probeInterval = probeInterval
+        self.maintenance = maintenance
         self.logger = logger
     }
 
@@ -46,6 +65,27 @@ public struct RefreshService: Service {
                 // Not critical: warmed once, then kept fresh by requests (stale-while-revalidate).
                 group.addTask {
                     await catalog.rates.fetch { try await catalog.upstream.rates() }
+                }
+                // Housekeeping, every `maintenance.every`, each run bounded by its timeout.
+                if let maintenance = self.maintenance {
+                    group.addTask {
+                        while !Task.isCancelled {
+                            try? await Task.sleep(for: maintenance.every)
+                            guard !Task.isCancelled else { break }
+                            do {
+                                let cleaned = try await withStoreDeadline(
+                                    maintenance.name, timeout: maintenance.timeout
+                                ) {
+                                    try await maintenance.run()
+                                }
+                                if cleaned > 0 {
+                                    logger.info("\(maintenance.name)", metadata: ["cleaned": "\(cleaned)"])
+                                }
+                            } catch {
+                                logger.warning("\(maintenance.name) failed", metadata: ["error": "\(error)"])
+                            }
+                        }
+                    }
                 }
                 // The readiness probe of the tenant store: now, then every `probeInterval`.
                 if let probeInterval {

@@ -98,7 +98,18 @@ let app = buildApplication(
 // (each call to the store is bounded by STORE_TIMEOUT), then the bus and the database client.
 let group = ServiceGroup(
     configuration: .init(
-        services: [app, buildRefreshService(catalog: catalog, settings: settings, logger: logger)],
+        services: [
+            app,
+            buildRefreshService(
+                catalog: catalog, settings: settings,
+                // The rows of leases whose holder died before giving them back, once a minute.
+                maintenance: secondLevel.map { level in
+                    RefreshService.Maintenance(
+                        name: "second level: abandoned leases deleted", every: .seconds(60),
+                        timeout: settings.storeTimeout
+                    ) { try await level.deleteAbandonedLeases() }
+                }, logger: logger),
+        ],
         gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
 try await group.run()
 traceExport?.flush()  // the spans that ended as the server stopped

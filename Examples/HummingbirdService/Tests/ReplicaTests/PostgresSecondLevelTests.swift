@@ -258,6 +258,83 @@ extension RealServerTests {
             }
         }
 
+        /// As the service's own login without the secret would: a well-formed entry with a version of
+        /// `Int64.max` (which would make replicas ignore every later change) is never served, is
+        /// counted, and does not stop the next write.
+        @Test func aPlantedVersionIsNeverServedAndDoesNotBlockTheNextWrite() async throws {
+            try await withClient { client in
+                let level = PostgresSecondLevel(client: client, logger: quietLogger)
+                let namespace = String(uniquePrefix("planted").dropLast())
+                let family = AsyncStateFamily<String, Int>(
+                    expiry: .seconds(600),
+                    secondLevel: AsyncStateSecondLevelOptions(
+                        level: level, namespace: namespace, codec: .json, timeout: .seconds(5)))
+                let key = "\(namespace):k"
+                _ = try await level.invalidate(key)
+                // The planted entry decodes (a real envelope), is fresh for an hour, and claims the
+                // greatest version.
+                let now = Date()
+                let planted = try AsyncStateCodec<Int>.json.encode(666)
+                try await client.query(
+                    """
+                    UPDATE async_state_entries SET payload = \(ByteBuffer(bytes: planted)),
+                        succeeded_at = \(now.timeIntervalSinceReferenceDate),
+                        fresh_until = \(now.addingTimeInterval(3_600).timeIntervalSinceReferenceDate),
+                        version = \(Int64.max) WHERE key = \(key)
+                    """, logger: quietLogger)
+                let value = try await family.value(for: "k") { _ in 42 }
+                #expect(value == 42)
+                #expect(family.secondLevelStatistics?.undecodable == 1)
+                let entry = try #require(try await level.read(key))
+                #expect(try AsyncStateCodec<Int>.json.decode(entry.payload) == 42)
+                #expect(entry.version < UInt64(Int64.max))
+                print(
+                    "a planted entry at version Int64.max: not served (\(value) from the source), "
+                        + "counted (undecodable \(family.secondLevelStatistics?.undecodable ?? 0)), "
+                        + "replaced by the next write (version \(entry.version))")
+            }
+        }
+
+        /// Misses of keys that never get an entry (tenants that do not exist) leave no rows: the
+        /// lease's row goes with the lease; one whose holder died goes with the periodic clean-up.
+        @Test func missesOfKeysWithoutEntriesLeaveNoRows() async throws {
+            try await withClient { client in
+                let level = PostgresSecondLevel(client: client, logger: quietLogger)
+                let namespace = String(uniquePrefix("absent").dropLast())
+                let family = AsyncStateFamily<String, Int>(
+                    expiry: .seconds(600), capacity: 100,
+                    secondLevel: AsyncStateSecondLevelOptions(
+                        level: level, namespace: namespace, codec: .json, timeout: .seconds(5)))
+                struct NoSuchTenant: Error {}
+                let misses = 10_000
+                await withTaskGroup(of: Void.self) { group in
+                    for worker in 0..<16 {
+                        group.addTask {
+                            for index in stride(from: worker, to: misses, by: 16) {
+                                _ = try? await family.value(for: "nobody-\(index)") { _ in throw NoSuchTenant() }
+                            }
+                        }
+                    }
+                }
+                let rows = try await client.query(
+                    "SELECT count(*)::bigint FROM async_state_entries WHERE starts_with(key, \(namespace + ":"))",
+                    logger: quietLogger)
+                var count: Int64 = -1
+                for try await value in rows.decode(Int64.self) { count = value }
+                print("\(misses) misses of keys without entries: \(count) rows left in async_state_entries")
+                #expect(count == 0)
+                // A holder that died: its row stays until the clean-up.
+                let dead = "\(namespace):dead"
+                guard case .acquired = try await level.acquireLease(on: dead, for: .milliseconds(1)) else {
+                    Issue.record("no lease")
+                    return
+                }
+                try await Task.sleep(for: .milliseconds(50))
+                #expect(try await level.deleteAbandonedLeases(olderThan: .zero) >= 1)
+                #expect(try await level.read(dead) == nil)
+            }
+        }
+
         /// The grants the type's documentation gives: a role other than the service's cannot connect
         /// to the service's database, and one allowed to connect (a reporting role) can neither read
         /// nor write the entries nor draw a version.
