@@ -48,16 +48,9 @@ extension RealServerTests {
         @Test func anUnsignedNotificationIsDroppedAndCountedAndASignedOneApplied() async throws {
             try await withBuses(2) { buses, client in
                 let secret = try HMACAuthenticator(secret: Server.secret)
-                let (writer, reader) = (
-                    AsyncStateInvalidator(bus: buses[0], authenticator: secret),
-                    AsyncStateInvalidator(bus: buses[1], authenticator: secret)
-                )
-                let tenants = AsyncStateFamily<String, Int>(expiry: .seconds(600))
-                reader.subscribe(tenants, to: "tenants")
-                let applying = Task { await reader.run() }
+                let writer = AsyncStateInvalidator(bus: buses[0], authenticator: secret)
+                let (reader, tenants, applying) = try await startReader(on: buses[1], secret: secret)
                 defer { applying.cancel() }
-                #expect(await eventually(timeout: .seconds(10)) { reader.deliveriesApplied == 1 })
-                _ = try await tenants.value(for: "acme") { _ in 1 }
                 // What anyone who can connect can send: a well-formed message, without a signature, or
                 // with one made under another secret.
                 let forged = try HMACAuthenticator(secret: String(repeating: "g", count: 32))
@@ -82,13 +75,8 @@ extension RealServerTests {
             let secret = try HMACAuthenticator(secret: Server.secret)
             try await withBuses(1, deliveryBuffer: 16, authenticator: secret) { buses, client in
                 let bus = buses[0]
-                let reader = AsyncStateInvalidator(bus: bus, authenticator: secret, invalidateAllInterval: .zero)
-                let tenants = AsyncStateFamily<String, Int>(expiry: .seconds(600))
-                reader.subscribe(tenants, to: "tenants")
-                let applying = Task { await reader.run() }
+                let (reader, tenants, applying) = try await startReader(on: bus, secret: secret)
                 defer { applying.cancel() }
-                #expect(await eventually(timeout: .seconds(10)) { reader.deliveriesApplied == 1 })
-                _ = try await tenants.value(for: "acme") { _ in 1 }
                 let before = residentKilobytes()
                 for batch in 0..<10 {
                     let flood = try await client.query(
@@ -117,16 +105,11 @@ extension RealServerTests {
             let secret = try HMACAuthenticator(secret: Server.secret)
             try await withBuses(2, authenticator: secret) { buses, client in
                 let writer = AsyncStateInvalidator(bus: buses[0], authenticator: secret)
-                let reader = AsyncStateInvalidator(bus: buses[1], authenticator: secret, invalidateAllInterval: .zero)
-                let tenants = AsyncStateFamily<String, Int>(expiry: .seconds(600))
-                reader.subscribe(tenants, to: "tenants")
+                let (reader, tenants, applying) = try await startReader(on: buses[1], secret: secret)
+                defer { applying.cancel() }
                 // The attacker's capture: what goes over the channel, as any listener hears it.
                 var captured = buses[1].deliveries().makeAsyncIterator()
                 #expect(await captured.next() == .reconnected)
-                let applying = Task { await reader.run() }
-                defer { applying.cancel() }
-                #expect(await eventually(timeout: .seconds(10)) { reader.deliveriesApplied == 1 })
-                _ = try await tenants.value(for: "acme") { _ in 1 }
                 try await writer.invalidate("tenants", key: "acme")
                 guard case .invalidate(let message) = await captured.next() else {
                     Issue.record("nothing was captured")
@@ -216,6 +199,21 @@ extension RealServerTests {
             }
         }
     }
+}
+
+/// A replica's reader on `bus`: its invalidator (checking with `secret`) applying deliveries until the
+/// returned task is cancelled, the `tenants` family subscribed, and tenant "acme" loaded once the
+/// bus's first `reconnected` has been applied.
+func startReader(
+    on bus: PostgresInvalidationBus, secret: HMACAuthenticator
+) async throws -> (AsyncStateInvalidator, AsyncStateFamily<String, Int>, Task<Void, Never>) {
+    let reader = AsyncStateInvalidator(bus: bus, authenticator: secret, invalidateAllInterval: .zero)
+    let tenants = AsyncStateFamily<String, Int>(expiry: .seconds(600))
+    reader.subscribe(tenants, to: "tenants")
+    let applying = Task { await reader.run() }
+    #expect(await eventually(timeout: .seconds(10)) { reader.deliveriesApplied == 1 })
+    _ = try await tenants.value(for: "acme") { _ in 1 }
+    return (reader, tenants, applying)
 }
 
 /// This process's resident memory in kB (`VmRSS` in `/proc/self/status`), 0 where there is none.
