@@ -12,16 +12,23 @@ extension ArchiveFileTests {
         return status.st_mode & 0o7777
     }
 
-    @Test func aSaveIsReadableByItsOwnerOnlyAndKeepsAnOperatorsMode() throws {
+    @Test func aSaveIsReadableByItsOwnerOnlyWhateverTheModeItReplaces() throws {
         defer { try? FileManager.default.removeItem(at: directory) }
         let previous = umask(0o022)  // the usual umask, which gave 0644 before
         defer { umask(previous) }
         try file.save(sample)
         #expect(mode(file.url.path) == 0o600)
-        // An operator's choice stays through later saves.
-        chmod(file.url.path, 0o640)
+        // A file an older release wrote readable by others, or one an operator opened up, becomes
+        // the owner's alone at the next save.
+        for wider: mode_t in [0o644, 0o640, 0o666, 0o777] {
+            chmod(file.url.path, wider)
+            try file.save(sample)
+            #expect(mode(file.url.path) == 0o600, "replacing a file of mode \(String(wider, radix: 8))")
+        }
+        // A narrower choice stays.
+        chmod(file.url.path, 0o400)
         try file.save(sample)
-        #expect(mode(file.url.path) == 0o640)
+        #expect(mode(file.url.path) == 0o400)
         #expect(try file.load(Saved.self) == sample)
     }
 

@@ -23,8 +23,9 @@ public import Foundation
 ///
 /// The file holds what the service cached — tenants' settings, users' profiles — so it is the
 /// service's alone:
-/// - A save creates the file readable and writable by its owner only (mode 0600), or keeps the mode
-///   of the file it replaces (an operator's `chmod` stays).
+/// - A save leaves the file readable and writable by its owner only (mode 0600), whatever the mode
+///   of the file it replaces: a file an older release (or an operator) left readable by others
+///   becomes the owner's alone at the next save. An operator's narrower mode (0400) stays.
 /// - A load reads only a regular file that this process's user owns, no larger than
 ///   ``maximumSize``, and never follows a symbolic link: a link to a huge file, a FIFO that would
 ///   block start-up, or a file another user put there is refused with
@@ -52,8 +53,8 @@ public struct AsyncStateArchiveFile: Sendable {
 
     /// Saves `contents`, replacing the previous data atomically. Dates are written in ISO 8601 with
     /// milliseconds, so that a save and a load give back every date to the millisecond. The file is
-    /// readable by its owner only (mode 0600), unless the file it replaces had another mode, which it
-    /// keeps.
+    /// readable by its owner only (mode 0600, or the owner's part of the mode of the file it
+    /// replaces when that is narrower): never by anyone else.
     ///
     /// - Throws: The encoder's error, or ``AsyncStateArchiveError/cannotSave(path:errno:)`` naming
     ///   this file and the system's reason (the previous data is then untouched).
@@ -71,8 +72,9 @@ public struct AsyncStateArchiveFile: Sendable {
         // of its own that a killed process would leave behind.
         let descriptor = open(temporary.path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else { throw failure(errno) }
-        // The mode exactly, whatever the umask: the previous file's, or the owner's alone.
-        let mode = Self.ownRegularFile(at: url.path).map { $0.st_mode & 0o7777 } ?? 0o600
+        // The mode exactly, whatever the umask: the owner's alone — the previous file's owner bits
+        // when they are narrower, never its group's or others' (an older release wrote 0644).
+        let mode = Self.ownRegularFile(at: url.path).map { $0.st_mode & 0o600 } ?? 0o600
         let written = fchmod(descriptor, mode) != 0 ? errno : Self.write(data, to: descriptor)
         let closed = close(descriptor) == 0 ? nil : errno
         if let code = written ?? closed {
