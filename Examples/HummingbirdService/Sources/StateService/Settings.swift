@@ -29,7 +29,7 @@ import PostgresNIO
 /// | `UPSTREAM_LATENCY` | 0.02 | How long the simulated upstream takes per call. |
 /// | `UPSTREAM_OUTAGE` | (none) | `after,down,slow,latency` in seconds: from `after` seconds after the start, the simulated upstream fails for `down` seconds, then takes `latency` per call for `slow` seconds (to try fail-safe and the soft timeout under load). |
 /// | `STATE_FILE` | (none) | Where the states are saved on shutdown and loaded from at start (warm restarts). |
-/// | `TRACE_FILE` | (none) | Record spans with the in-memory tracer and write them to this file as JSON lines (see `TraceExport`); without it, spans go to whatever tracer is bootstrapped (none: they cost nothing). |
+/// | `TRACE_FILE` | (none) | Record spans with the in-memory tracer and write them to this file as JSON lines (see `TraceExport`: mode 0600, a symbolic link refused); without it, spans go to whatever tracer is bootstrapped (none: they cost nothing). |
 /// | `TENANT_EXPIRY` | 60 | How long a tenant's configuration is fresh: the longest a replica can serve an old one if an invalidation is lost. |
 /// | `TENANT_READ_LATENCY` | 0 | How much longer each read of the tenant store takes (a slow source, to watch the replicas wait for one another's load). |
 /// | `TENANT_MAX_BYTES` | 67108864 | What the cached tenants' settings may weigh together, in bytes. |

@@ -21,15 +21,25 @@ public final class TraceExport: Service {
     private let file: FileHandle
     private let interval: Duration
 
-    /// Writes to `path` (created or truncated), every `interval` while it runs and once more when
-    /// it stops.
+    /// Writes to `path`, every `interval` while it runs and once more when it stops. The file is
+    /// the owner's alone (mode 0600: spans carry tenants' ids and request details); a symbolic
+    /// link, a file that is not regular or one another user owns is refused, never followed or
+    /// truncated; this process's own previous trace there is truncated.
     ///
-    /// - Throws: When the file cannot be created.
+    /// - Throws: When the file cannot be opened so.
     public init(path: String, interval: Duration = .milliseconds(200)) throws {
-        guard FileManager.default.createFile(atPath: path, contents: nil) else {
+        let descriptor = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard descriptor >= 0 else {
+            throw CocoaError(.fileWriteNoPermission, userInfo: [NSFilePathErrorKey: path, "errno": errno])
+        }
+        var status = stat()
+        guard fstat(descriptor, &status) == 0, status.st_mode & S_IFMT == S_IFREG, status.st_uid == geteuid(),
+            fchmod(descriptor, 0o600) == 0, ftruncate(descriptor, 0) == 0
+        else {
+            close(descriptor)
             throw CocoaError(.fileWriteNoPermission, userInfo: [NSFilePathErrorKey: path])
         }
-        file = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
+        file = FileHandle(fileDescriptor: descriptor, closeOnDealloc: true)
         self.interval = interval
     }
 

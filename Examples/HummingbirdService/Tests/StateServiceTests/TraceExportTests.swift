@@ -46,4 +46,27 @@ import Tracing
     @Test func aFileThatCannotBeCreatedIsAnError() {
         #expect(throws: (any Error).self) { try TraceExport(path: "/nonexistent-directory/trace.jsonl") }
     }
+
+    /// The trace is the owner's alone, and a symbolic link planted at its path is refused, not
+    /// followed: the file it points to is neither truncated nor written.
+    @Test func theTraceFileIsTheOwnersAndALinkIsNeverFollowed() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("trace-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let previous = umask(0o022)
+        defer { umask(previous) }
+        let path = directory.appendingPathComponent("trace.jsonl").path
+        #expect(FileManager.default.createFile(atPath: path, contents: Data("old trace\n".utf8)))
+        chmod(path, 0o644)
+        _ = try TraceExport(path: path)
+        var status = stat()
+        #expect(stat(path, &status) == 0 && status.st_mode & 0o777 == 0o600 && status.st_size == 0)
+        // A link to a file that must not be touched.
+        let victim = directory.appendingPathComponent("victim").path
+        #expect(FileManager.default.createFile(atPath: victim, contents: Data("keep me".utf8)))
+        let link = directory.appendingPathComponent("link.jsonl").path
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: victim)
+        #expect(throws: (any Error).self) { try TraceExport(path: link) }
+        #expect(FileManager.default.contents(atPath: victim) == Data("keep me".utf8))
+    }
 }
