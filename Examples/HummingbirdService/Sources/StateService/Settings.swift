@@ -261,18 +261,61 @@ public struct PostgresSettings: Sendable, Equatable {
         return octets.count == 4 && octets[0] == "127" && octets.allSatisfy { UInt8($0) != nil }
     }
 
-    /// `url` with its password, if any, replaced by `***`: what an error may show.
+    /// `url` with its password, if any, replaced by `***`: what an error may show. Written for every
+    /// spelling libpq accepts and the mistakes people make, never trusting a URL parser: a password
+    /// in the user information (up to the last `@`, whatever it holds — `#`, `@`, `:`), after a
+    /// scheme misspelled (`postgres//`, `postgres:/`) or without one; a `password` parameter (and
+    /// `sslpassword`) in the query; and a key-value connection string (`host=db password='…'`), of
+    /// which only the host, port, database, user and sslmode are shown. It may hide more than the
+    /// password (a host after an `@` in the query), never less.
     public static func redacting(_ url: String) -> String {
-        guard var components = URLComponents(string: url) else {
-            // Not a URL: whatever stands between "://" and the last "@" may be a user and password.
-            guard let scheme = url.range(of: "://"), let at = url.range(of: "@", options: .backwards),
-                at.lowerBound > scheme.upperBound
-            else { return url }
-            return String(url[..<scheme.upperBound]) + "***" + String(url[at.lowerBound...])
+        if !url.contains("://"), url.contains("=") { return redactingKeyValues(url) }
+        var head: Substring = ""
+        var tail = Substring(url)
+        if let at = url.lastIndex(of: "@") {
+            var userInfo = url[..<at]
+            tail = url[url.index(after: at)...]
+            // A scheme, spelled right (`postgres://`, or any other, which the caller then refuses).
+            if let scheme = userInfo.range(of: "://"),
+                userInfo[..<scheme.lowerBound].allSatisfy({
+                    $0.isASCII && ($0.isLetter || $0.isNumber || "+.-".contains($0))
+                })
+            {
+                head = userInfo[..<scheme.upperBound]
+                userInfo = userInfo[scheme.upperBound...]
+            }
+            if let colon = userInfo.firstIndex(of: ":") { userInfo = userInfo[..<colon] + ":***" }
+            head += userInfo + "@"
         }
-        guard components.password != nil else { return url }
-        components.password = "***"
-        return components.string ?? "***"
+        return String(head) + redactingPasswordParameters(String(tail))
+    }
+
+    /// `text` with the value of every parameter whose name ends in `password` replaced by `***`:
+    /// up to the next `&` or space, or, quoted, to its closing quote (or the end).
+    static func redactingPasswordParameters(_ text: String) -> String {
+        guard
+            let pattern = try? NSRegularExpression(
+                pattern: #"(?i)(password\s*=\s*)(?:'(?:[^'\\]|\\.)*(?:'|$)|[^&\s]*)"#)
+        else { return "***" }
+        return pattern.stringByReplacingMatches(
+            in: text, range: NSRange(text.startIndex..., in: text), withTemplate: "$1***")
+    }
+
+    /// A libpq key-value connection string, showing only the keys that hold no secret.
+    static func redactingKeyValues(_ text: String) -> String {
+        let shown: Set<String> = ["host", "hostaddr", "port", "dbname", "user", "sslmode"]
+        guard
+            let pattern = try? NSRegularExpression(
+                pattern: #"([A-Za-z_]+)\s*=\s*('(?:[^'\\]|\\.)*(?:'|$)|\S*)"#)
+        else { return "(a connection string of \(text.utf8.count) bytes)" }
+        let range = NSRange(text.startIndex..., in: text)
+        let parts = pattern.matches(in: text, range: range).compactMap { match -> String? in
+            guard let key = Range(match.range(at: 1), in: text).map({ String(text[$0]) }),
+                let value = Range(match.range(at: 2), in: text).map({ String(text[$0]) })
+            else { return nil }
+            return shown.contains(key.lowercased()) ? "\(key)=\(value)" : "\(key)=***"
+        }
+        return parts.isEmpty ? "(a connection string of \(text.utf8.count) bytes)" : parts.joined(separator: " ")
     }
 
     /// The TLS configuration of `sslMode` (`nil` for `disable`).

@@ -135,6 +135,31 @@ import Testing
         #expect(PostgresSettings.redacting("postgres://app@db/x") == "postgres://app@db/x")
     }
 
+    /// Every spelling of a password libpq accepts, and the usual mistakes: the password never shows,
+    /// the host does where it can be told apart.
+    @Test(arguments: [
+        ("postgres://app:Pa55-w0rd@db:5432/app", "db:5432/app"),
+        ("postgresql://app:Pa55-w0rd@db/app?sslmode=require", "db/app?sslmode=require"),
+        ("postgres://app@db/app?password=Pa55-w0rd", "db/app?password=***"),
+        ("postgres://app@db/app?sslmode=require&password=Pa55-w0rd&x=1", "password=***&x=1"),
+        ("postgres://app@db/app?sslpassword=Pa55-w0rd", "sslpassword=***"),
+        ("app:Pa55-w0rd@db:5432/app", "@db:5432/app"),
+        ("postgres//user:Pa55-w0rd@db/app", "@db/app"),
+        ("postgres:/user:Pa55-w0rd@db/app", "@db/app"),
+        ("postgres://app:Pa#55-w0rd@db/app", "@db/app"),
+        ("postgres://app:Pa@55-w0rd@db/app", "@db/app"),
+        ("postgres://app:Pa55-w0rd#@db/app", "@db/app"),
+        ("host=db port=5432 dbname=app user=app password=Pa55-w0rd", "host=db port=5432 dbname=app user=app"),
+        ("host=db password='Pa55 w0rd' user=app", "host=db password=*** user=app"),
+        ("host=db password='Pa55 \\' w0rd", "host=db password=***"),
+        ("password = Pa55-w0rd host=db", "password=*** host=db"),
+    ])
+    func aPasswordNeverShowsHoweverTheURLIsSpelled(url: String, shown: String) {
+        let redacted = PostgresSettings.redacting(url)
+        #expect(!redacted.contains("Pa55") && !redacted.contains("w0rd"), "\(redacted)")
+        #expect(redacted.contains(shown), "\(redacted)")
+    }
+
     @Test func aSecretIsRequiredWithAServerToInvalidateThrough() {
         #expect(throws: SettingsError.self) {
             try Settings(environment: ["POSTGRES_URL": "postgres://app@127.0.0.1/db"])
