@@ -44,8 +44,9 @@ import PostgresNIO
 ///   again (the envelope of `AsyncStateCodec`), and every call is bounded by the family's timeout.
 ///
 /// **Grants.** The entries decide what every replica serves: only the service's role may touch
-/// them. The role that runs the service creates (and so owns) the table and the sequence, and
-/// PostgreSQL gives other roles no privilege on a new table. Keep it so, and keep other roles off
+/// them. The role that runs the service creates (and so owns) the table and the sequence, in schema
+/// `public` by name, and PostgreSQL gives other roles no privilege on a new table; before its first
+/// query it checks that it owns both, and refuses them otherwise (``PostgresSchema/ForeignOwner``). Keep it so, and keep other roles off
 /// the database altogether (`NOTIFY` cannot be restricted by a grant; the invalidation bus's
 /// authenticator is its guard):
 ///
@@ -74,10 +75,11 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
         self.logger = logger
         schema = PostgresSchema(
             client: client, logger: logger, lock: 7_160_232,
+            owned: ["async_state_entries", "async_state_versions"],
             statements: [
-                "CREATE SEQUENCE IF NOT EXISTS async_state_versions",
+                "CREATE SEQUENCE IF NOT EXISTS public.async_state_versions",
                 """
-                CREATE UNLOGGED TABLE IF NOT EXISTS async_state_entries (
+                CREATE UNLOGGED TABLE IF NOT EXISTS public.async_state_entries (
                     key text PRIMARY KEY, payload bytea NOT NULL, succeeded_at float8 NOT NULL,
                     fresh_until float8 NOT NULL, version bigint NOT NULL, lease_token bigint,
                     lease_until timestamptz)
@@ -116,8 +118,8 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
             SELECT CASE WHEN planted THEN '\\xff'::bytea ELSE payload END,
                 CASE WHEN planted THEN \(Self.never) ELSE succeeded_at END,
                 CASE WHEN planted THEN \(Self.never) ELSE fresh_until END, CASE WHEN planted THEN 0 ELSE version END
-            FROM (SELECT *, version > (SELECT last_value FROM async_state_versions) AS planted
-                FROM async_state_entries WHERE key = \(key)) AS row
+            FROM (SELECT *, version > (SELECT last_value FROM public.async_state_versions) AS planted
+                FROM public.async_state_entries WHERE key = \(key)) AS row
             """,
             logger: logger)
         for try await (payload, succeededAt, freshUntil, version) in rows.decode(
@@ -139,11 +141,11 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
         // version loses whichever commits first. The lease columns are left as they are.
         let rows = try await client.query(
             """
-            INSERT INTO async_state_entries AS e (key, payload, succeeded_at, fresh_until, version)
+            INSERT INTO public.async_state_entries AS e (key, payload, succeeded_at, fresh_until, version)
             VALUES (\(key), \(payload), \(succeededAt), \(freshUntil), \(version))
             ON CONFLICT (key) DO UPDATE SET payload = EXCLUDED.payload, succeeded_at = EXCLUDED.succeeded_at,
                 fresh_until = EXCLUDED.fresh_until, version = EXCLUDED.version
-            WHERE e.version < EXCLUDED.version OR e.version > (SELECT last_value FROM async_state_versions)
+            WHERE e.version < EXCLUDED.version OR e.version > (SELECT last_value FROM public.async_state_versions)
             RETURNING 1
             """, logger: logger)
         for try await _ in rows.decode(Int.self) { return true }
@@ -159,19 +161,19 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
         let rows = try await client.query(
             """
             WITH taken AS (
-                INSERT INTO async_state_entries AS e
+                INSERT INTO public.async_state_entries AS e
                     (key, payload, succeeded_at, fresh_until, version, lease_token, lease_until)
-                VALUES (\(key), '', \(Self.never), \(Self.never), 0, nextval('async_state_versions'),
+                VALUES (\(key), '', \(Self.never), \(Self.never), 0, nextval('public.async_state_versions'),
                     clock_timestamp() + make_interval(secs => \(seconds)))
-                ON CONFLICT (key) DO UPDATE SET lease_token = nextval('async_state_versions'),
+                ON CONFLICT (key) DO UPDATE SET lease_token = nextval('public.async_state_versions'),
                     lease_until = clock_timestamp() + make_interval(secs => \(seconds))
                 WHERE e.lease_until IS NULL OR e.lease_until <= clock_timestamp()
                 RETURNING e.lease_token,
-                    CASE WHEN e.version > (SELECT last_value FROM async_state_versions) THEN 0 ELSE e.version END)
+                    CASE WHEN e.version > (SELECT last_value FROM public.async_state_versions) THEN 0 ELSE e.version END)
             SELECT lease_token, version, NULL::float8 FROM taken
             UNION ALL
             SELECT NULL::bigint, NULL::bigint, extract(epoch FROM lease_until - clock_timestamp())::float8
-            FROM async_state_entries WHERE key = \(key) AND NOT EXISTS (SELECT 1 FROM taken)
+            FROM public.async_state_entries WHERE key = \(key) AND NOT EXISTS (SELECT 1 FROM taken)
             """, logger: logger)
         for try await (token, stored, left) in rows.decode((Int64?, Int64?, Double?).self) {
             if let token {
@@ -193,9 +195,9 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
         try await run(
             """
             WITH gone AS (
-                DELETE FROM async_state_entries WHERE key = \(key) AND lease_token = \(token) AND version = 0
+                DELETE FROM public.async_state_entries WHERE key = \(key) AND lease_token = \(token) AND version = 0
                 RETURNING 1)
-            UPDATE async_state_entries SET lease_token = NULL, lease_until = NULL
+            UPDATE public.async_state_entries SET lease_token = NULL, lease_until = NULL
             WHERE key = \(key) AND lease_token = \(token) AND NOT EXISTS (SELECT 1 FROM gone)
             """)
     }
@@ -206,9 +208,9 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
         // row's lock (`SET … = nextval`), so it is greater than whatever a racing statement stored.
         let rows = try await client.query(
             """
-            INSERT INTO async_state_entries AS e (key, payload, succeeded_at, fresh_until, version)
-            VALUES (\(key), '', \(Self.never), \(Self.never), nextval('async_state_versions'))
-            ON CONFLICT (key) DO UPDATE SET version = nextval('async_state_versions'),
+            INSERT INTO public.async_state_entries AS e (key, payload, succeeded_at, fresh_until, version)
+            VALUES (\(key), '', \(Self.never), \(Self.never), nextval('public.async_state_versions'))
+            ON CONFLICT (key) DO UPDATE SET version = nextval('public.async_state_versions'),
                 fresh_until = \(Self.never), lease_token = NULL, lease_until = NULL
             RETURNING e.version
             """, logger: logger)
@@ -223,10 +225,10 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
         // dropped (a holder that loaded before this write cannot overwrite it).
         let rows = try await client.query(
             """
-            INSERT INTO async_state_entries AS e (key, payload, succeeded_at, fresh_until, version)
-            VALUES (\(key), \(payload), \(succeededAt), \(freshUntil), nextval('async_state_versions'))
+            INSERT INTO public.async_state_entries AS e (key, payload, succeeded_at, fresh_until, version)
+            VALUES (\(key), \(payload), \(succeededAt), \(freshUntil), nextval('public.async_state_versions'))
             ON CONFLICT (key) DO UPDATE SET payload = EXCLUDED.payload, succeeded_at = EXCLUDED.succeeded_at,
-                fresh_until = EXCLUDED.fresh_until, version = nextval('async_state_versions'),
+                fresh_until = EXCLUDED.fresh_until, version = nextval('public.async_state_versions'),
                 lease_token = NULL, lease_until = NULL
             RETURNING e.version
             """, logger: logger)
@@ -238,7 +240,7 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
         try await prepare()
         try await run(
             """
-            UPDATE async_state_entries SET version = nextval('async_state_versions'),
+            UPDATE public.async_state_entries SET version = nextval('public.async_state_versions'),
                 fresh_until = \(Self.never), lease_token = NULL, lease_until = NULL
             WHERE starts_with(key, \(prefix))
             """)
@@ -253,8 +255,8 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
         let rows = try await client.query(
             """
             WITH gone AS (
-                DELETE FROM async_state_entries WHERE key IN (
-                    SELECT key FROM async_state_entries
+                DELETE FROM public.async_state_entries WHERE key IN (
+                    SELECT key FROM public.async_state_entries
                     WHERE version = 0 AND lease_until < clock_timestamp() - make_interval(secs => \(Self.seconds(age)))
                     LIMIT 10000)
                 AND version = 0 AND lease_until < clock_timestamp() - make_interval(secs => \(Self.seconds(age)))

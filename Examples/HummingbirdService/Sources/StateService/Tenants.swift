@@ -142,16 +142,16 @@ public final class PostgresTenantStore: TenantStore {
         self.logger = logger
         self.probing = probing
         schema = PostgresSchema(
-            client: client, logger: logger, lock: 7_160_231,
+            client: client, logger: logger, lock: 7_160_231, owned: ["tenant_configs"],
             statements: [
-                "CREATE TABLE IF NOT EXISTS tenant_configs (tenant text PRIMARY KEY, version bigint NOT NULL, settings text NOT NULL)"
+                "CREATE TABLE IF NOT EXISTS public.tenant_configs (tenant text PRIMARY KEY, version bigint NOT NULL, settings text NOT NULL)"
             ])
     }
 
     public func tenant(_ tenant: String) async throws -> TenantConfig {
         try await prepare()
         let rows = try await client.query(
-            "SELECT version, settings FROM tenant_configs WHERE tenant = \(tenant)", logger: logger)
+            "SELECT version, settings FROM public.tenant_configs WHERE tenant = \(tenant)", logger: logger)
         for try await (version, settings) in rows.decode((Int, String).self) {
             return TenantConfig(tenant: tenant, version: version, settings: try Self.decode(settings))
         }
@@ -163,8 +163,8 @@ public final class PostgresTenantStore: TenantStore {
         let json = String(decoding: try JSONEncoder().encode(settings), as: UTF8.self)
         let rows = try await client.query(
             """
-            INSERT INTO tenant_configs (tenant, version, settings) VALUES (\(tenant), 1, \(json))
-            ON CONFLICT (tenant) DO UPDATE SET version = tenant_configs.version + 1, settings = EXCLUDED.settings
+            INSERT INTO public.tenant_configs AS t (tenant, version, settings) VALUES (\(tenant), 1, \(json))
+            ON CONFLICT (tenant) DO UPDATE SET version = t.version + 1, settings = EXCLUDED.settings
             RETURNING version
             """, logger: logger)
         for try await version in rows.decode(Int.self) {

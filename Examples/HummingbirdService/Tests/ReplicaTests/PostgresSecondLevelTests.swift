@@ -400,6 +400,61 @@ extension RealServerTests {
             try await Self.dropEverything(database: database, roles: [service, other])
         }
 
+        /// Where another role may create in `public`, it creates the entries' table and sequence
+        /// before the service and grants the service everything on them: the service refuses to
+        /// use what it does not own (the other role could read, change and grant its data).
+        @Test func tablesAnotherRoleCreatedFirstAreRefused() async throws {
+            let suffix = String(UInt32.random(in: 0...UInt32.max), radix: 16)
+            let (service, other, database) = ("own_service_\(suffix)", "own_other_\(suffix)", "own_db_\(suffix)")
+            let (servicePassword, otherPassword) = (UUID().uuidString, UUID().uuidString)
+            let server = try Server.settings()
+            func configuration(_ user: String, _ password: String) -> PostgresClient.Configuration {
+                var configuration = server.client
+                (configuration.username, configuration.password, configuration.database) = (user, password, database)
+                return configuration
+            }
+            // Role and database names cannot be bound: these are made here, of hex digits.
+            try await withClient { admin in
+                for statement in [
+                    "CREATE ROLE \(service) LOGIN PASSWORD '\(servicePassword)'",
+                    "CREATE ROLE \(other) LOGIN PASSWORD '\(otherPassword)'",
+                    "CREATE DATABASE \(database) OWNER \(service)",
+                ] {
+                    try await admin.query(PostgresQuery(unsafeSQL: statement), logger: quietLogger)
+                }
+            }
+            do {
+                try await Self.connectAndQuery(
+                    configuration(service, servicePassword), "GRANT CREATE ON SCHEMA public TO \(other)")
+                for statement in [
+                    "CREATE SEQUENCE public.async_state_versions",
+                    """
+                    CREATE UNLOGGED TABLE public.async_state_entries (key text PRIMARY KEY, payload bytea NOT NULL,
+                        succeeded_at float8 NOT NULL, fresh_until float8 NOT NULL, version bigint NOT NULL,
+                        lease_token bigint, lease_until timestamptz)
+                    """,
+                    "GRANT ALL ON public.async_state_entries, public.async_state_versions TO \(service)",
+                ] {
+                    try await Self.connectAndQuery(configuration(other, otherPassword), statement)
+                }
+                try await withClient(configuration(service, servicePassword)) { client in
+                    let level = PostgresSecondLevel(client: client, logger: quietLogger)
+                    do {
+                        _ = try await level.write(Self.entry("v", version: 1), for: "tenants:acme")
+                        Issue.record("the service wrote into a table another role owns")
+                    } catch let error as PostgresSchema.ForeignOwner {
+                        #expect(Set(error.objects.map(\.name)) == ["async_state_entries", "async_state_versions"])
+                        #expect(error.objects.allSatisfy { $0.owner == other })
+                        print("tables another role created first: \(error)")
+                    }
+                }
+            } catch {
+                try await Self.dropEverything(database: database, roles: [service, other])
+                throw error
+            }
+            try await Self.dropEverything(database: database, roles: [service, other])
+        }
+
         /// One connection of `configuration`'s role (its refusal is an error at once, where a pool
         /// would keep trying), running `statement`.
         static func connectAndQuery(_ configuration: PostgresClient.Configuration, _ statement: String) async throws {
