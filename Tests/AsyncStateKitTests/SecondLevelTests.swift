@@ -115,6 +115,41 @@ import Testing
         #expect(replicas[1].family.snapshot(for: 1)?.isExpired == true)
     }
 
+    /// An entry dated in the future beyond the clocks' skew (written by hand, to stay fresh from a
+    /// date not yet come) is garbage: never served nor a fallback, counted, and replaced by the load's
+    /// write. One within the skew is a replica whose clock runs ahead: taken.
+    @Test func anEntryFromTheFutureBeyondTheSkewIsGarbage() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock)
+        let replica = Self.replicas(1, on: level, clock: clock, expiry: .seconds(3_600))[0]
+        let payload = try AsyncStateCodec<Int>.json.encode(666)
+        let skew = AsyncStateSecondLevelOptions<Int>.maximumClockSkew.timeInterval
+        level.overwrite(
+            .init(
+                payload: payload, succeededAt: clock.startDate + skew + 1, freshUntil: clock.startDate + 7_200,
+                version: 3),
+            for: "numbers:5")
+        let caller = clock.task { try await replica.family.value(for: 5, source.operation) }
+        await clock.advance(by: .seconds(1))
+        #expect(try await caller.value == 51)
+        #expect(source.calls.map(\.key) == [5])
+        #expect(replica.family.secondLevelStatistics?.undecodable == 1)
+        let stored = try #require(try await replica.connection.read("numbers:5"))
+        #expect(try AsyncStateCodec<Int>.json.decode(stored.payload) == 51 && stored.version > 3)
+
+        // Within the skew: a replica whose clock runs ahead wrote it.
+        level.overwrite(
+            .init(
+                payload: payload, succeededAt: clock.date + skew - 1, freshUntil: clock.date + 7_200,
+                version: stored.version + 1),
+            for: "numbers:6")
+        let ahead = clock.task { try await replica.family.value(for: 6, source.operation) }
+        await clock.advance(by: .zero)
+        #expect(try await ahead.value == 666)
+        #expect(source.calls.map(\.key) == [5])
+    }
+
     /// An entry that claims more freshness than this replica's expiry allows (a replica with a longer
     /// expiry wrote it, or a forged one) is cut to the expiry, counted from its source's answer.
     @Test func anEntryIsNeverFresherThanTheExpiryAllows() async throws {

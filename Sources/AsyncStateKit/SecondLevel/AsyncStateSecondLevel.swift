@@ -143,13 +143,27 @@ public enum AsyncStateSecondLevelEvent: Sendable {
     case fault(error: any Error)
     /// The second level was skipped (a backoff after a fault): the load goes to the source.
     case skipped
-    /// The entry there did not decode (``AsyncStateCodecError``): it is not taken, and the key is
-    /// loaded again.
+    /// The entry there did not decode (``AsyncStateCodecError``), or is implausible
+    /// (``AsyncStateSecondLevelImplausibleEntry``): it is not taken, and the key is loaded again.
     case undecodable(error: any Error)
     /// This replica loaded from its source as the lease's holder, but the second level refused its
     /// write of this version: a newer one is there (its lease had run out, or the key was
     /// invalidated since). It takes the newer entry if it is fresh.
     case writeRefused(version: UInt64)
+}
+
+/// A second-level entry that decodes but cannot be true: its source answered, it says, later than
+/// ``AsyncStateSecondLevelOptions/maximumClockSkew`` from now. Treated as garbage.
+public struct AsyncStateSecondLevelImplausibleEntry: Error, Sendable, Hashable, CustomStringConvertible {
+    /// The success date it claims.
+    public var succeededAt: Date
+    /// When it was read, on this replica's wall clock.
+    public var readAt: Date
+
+    public var description: String {
+        "a second-level entry dated \(succeededAt.timeIntervalSince(readAt)) s in the future, beyond the "
+            + "\(AsyncStateSecondLevelOptions<Never>.maximumClockSkew) the replicas' clocks may disagree by"
+    }
 }
 
 /// A call to a second level that ran past its timeout (``AsyncStateSecondLevelOptions/timeout``).

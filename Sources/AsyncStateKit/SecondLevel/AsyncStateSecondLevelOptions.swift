@@ -27,6 +27,13 @@ import Foundation
 /// the source: a read, then a lease request (a replica that waits for another's load waits as the
 /// lease says, at most `maximumWait`).
 public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
+    /// How far in the future an entry's success date may be before it is treated as garbage: the
+    /// replicas' wall clocks may disagree by this much (five minutes). An entry dated later was
+    /// written by hand, to stay fresh for its whole life from a date not yet come: it is never
+    /// served nor a fallback, is counted as ``AsyncStateSecondLevelEvent/undecodable(error:)`` (with
+    /// ``AsyncStateSecondLevelImplausibleEntry``), and is replaced by the next load's write.
+    public static var maximumClockSkew: Duration { .seconds(300) }
+
     /// The second level.
     public var level: any AsyncStateSecondLevel
     /// Prefixes every key (`namespace:key`, the key as `String(describing:)` writes it): one per

@@ -286,6 +286,13 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         let key = load.key
         let entry = try await bounded({ [options] in try await options.level.read(key) })
         reading.seen = entry?.version ?? 0
+        let date = clock.date()
+        if let entry, !AttemptInput<StoreValue>.isPlausible(succeededAt: entry.succeededAt, at: date) {
+            note(
+                .undecodable(
+                    error: AsyncStateSecondLevelImplausibleEntry(succeededAt: entry.succeededAt, readAt: date)), load)
+            return nil
+        }
         guard let entry, load.input.mayTake(version: entry.version, succeededAt: entry.succeededAt) else {
             return nil
         }
@@ -300,7 +307,7 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         guard
             let arrival = AttemptInput<StoreValue>.arrival(
                 succeededAt: entry.succeededAt, freshUntil: entry.freshUntil, version: entry.version,
-                lifetime: lifetime(value), at: clock.date())
+                lifetime: lifetime(value), at: date)
         else {
             reading.stale = (value, entry)
             return nil

@@ -130,6 +130,15 @@ extension AttemptInput {
         return RemoteArrival(age: age, lifetime: life - age, date: succeededAt, version: version)
     }
 
+    /// Whether a second-level entry whose source answered on `succeededAt` is plausible, read at
+    /// `date`: not from further in the future than ``AsyncStateSecondLevelOptions/maximumClockSkew``
+    /// (the replicas' clocks may disagree by that much). An entry from later was written by hand — it
+    /// would be fresh for its whole life, counted from a date not yet come — and is treated as
+    /// garbage: never taken, never a fallback, and replaced by the next load's write.
+    static func isPlausible(succeededAt: Date, at date: Date) -> Bool {
+        succeededAt.timeIntervalSince(date) <= AsyncStateSecondLevelOptions<Never>.maximumClockSkew.timeInterval
+    }
+
     /// The input of a load that learned, from a refused write at `version`, that a newer version
     /// exists: it takes an entry of that version or newer, whatever its held value's date — a
     /// refresh too, whose own value that newer one replaces.
