@@ -958,6 +958,27 @@ private struct Both: AsyncStateObserver {
         #expect(throws: AsyncStateCodecError.self) { try AsyncStateCodec<String>.json.decode(payload) }
     }
 
+    /// A payload past ``AsyncStateCodec/maximumPayloadBytes`` is neither written nor read (before it
+    /// is parsed); a family serves such a value from memory and stores nothing in the second level.
+    @Test func aPayloadPastTheCapIsNeitherWrittenNorRead() async throws {
+        let codec = AsyncStateCodec<String>.json
+        let cap = AsyncStateCodec<String>.maximumPayloadBytes
+        let fits = String(repeating: "a", count: cap - 6 - 4 - 2)  // envelope, tag, quotes
+        #expect(try codec.encode(fits).count == cap)
+        #expect(throws: AsyncStateCodecError.tooLarge(bytes: cap + 1)) { try codec.encode(fits + "a") }
+        let planted = try codec.encode(fits) + [0x20]
+        #expect(throws: AsyncStateCodecError.tooLarge(bytes: cap + 1)) { try codec.decode(planted) }
+
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let family = AsyncStateFamily<Int, String>(
+            expiry: .seconds(60), clock: clock,
+            secondLevel: AsyncStateSecondLevelOptions(
+                level: level.replica(), namespace: "big", codec: .json, timeout: .seconds(1)))
+        #expect(try await family.value(for: 1) { _ in fits + "a" } == fits + "a")
+        #expect(try await level.replica().read("big:1") == nil)
+    }
+
     @Test func aLongTagKeepsItsFirst255Bytes() throws {
         let codec = AsyncStateCodec<Int>.json(tag: String(repeating: "t", count: 300))
         #expect(codec.tag.utf8.count == 255)

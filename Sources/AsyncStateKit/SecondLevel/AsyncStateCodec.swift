@@ -26,6 +26,12 @@ public struct AsyncStateCodec<Value: Sendable>: Sendable {
     /// The envelope's format.
     static var format: UInt8 { 1 }
 
+    /// The largest payload a codec writes or reads, envelope included: 1 MiB. A value that encodes
+    /// larger is not stored in the second level (its replica serves it from memory, the others load
+    /// it from the source); a larger payload found there is garbage, refused before it is parsed.
+    /// The example's PostgreSQL table holds the same limit as a constraint.
+    public static var maximumPayloadBytes: Int { 1 << 20 }
+
     /// Creates a codec from an encoder and a decoder of the bare value (the envelope is added and
     /// checked around them).
     ///
@@ -45,6 +51,9 @@ public struct AsyncStateCodec<Value: Sendable>: Sendable {
     }
 
     /// `value` in its envelope.
+    ///
+    /// - Throws: The encoder's error, or ``AsyncStateCodecError/tooLarge(bytes:)`` past
+    ///   ``maximumPayloadBytes``.
     public func encode(_ value: Value) throws -> [UInt8] {
         let body = try encodeValue(value)
         var payload = Self.magic
@@ -53,14 +62,21 @@ public struct AsyncStateCodec<Value: Sendable>: Sendable {
         payload.append(UInt8(tagBytes.count))
         payload.append(contentsOf: tagBytes)
         payload.append(contentsOf: body)
+        guard payload.count <= Self.maximumPayloadBytes else {
+            throw AsyncStateCodecError.tooLarge(bytes: payload.count)
+        }
         return payload
     }
 
     /// The value in `payload`'s envelope.
     ///
-    /// - Throws: ``AsyncStateCodecError`` when the envelope is not this codec's, or the decoder's
-    ///   error wrapped in ``AsyncStateCodecError/undecodable(_:)``.
+    /// - Throws: ``AsyncStateCodecError`` when the payload is larger than ``maximumPayloadBytes`` or
+    ///   its envelope is not this codec's, or the decoder's error wrapped in
+    ///   ``AsyncStateCodecError/undecodable(_:)``.
     public func decode(_ payload: [UInt8]) throws -> Value {
+        guard payload.count <= Self.maximumPayloadBytes else {
+            throw AsyncStateCodecError.tooLarge(bytes: payload.count)
+        }
         guard payload.count >= 6, payload.starts(with: Self.magic) else { throw AsyncStateCodecError.notAnEnvelope }
         guard payload[4] == Self.format else { throw AsyncStateCodecError.unknownFormat(payload[4]) }
         let tagEnd = 6 + Int(payload[5])
@@ -99,4 +115,7 @@ public enum AsyncStateCodecError: Error, Sendable, Hashable {
     case otherTag(String)
     /// The envelope is this codec's, but its decoder failed, with this description of its error.
     case undecodable(String)
+    /// Larger than ``AsyncStateCodec/maximumPayloadBytes`` (this many bytes): not written, or not
+    /// read.
+    case tooLarge(bytes: Int)
 }

@@ -73,21 +73,30 @@ public final class PostgresSchema: Sendable {
             for try await _ in try await connection.query(
                 "SELECT pg_advisory_xact_lock(\(lock))", logger: logger)
             {}
+            // Before (what exists is not altered if it is another role's) and after (what was made).
+            try await checkOwnership(owned, on: connection, logger: logger)
             for statement in statements {
                 for try await _ in try await connection.query(
                     PostgresQuery(unsafeSQL: statement), logger: logger)
                 {}
             }
-            let rows = try await connection.query(
-                """
-                SELECT c.relname, pg_get_userbyid(c.relowner) FROM pg_class c
-                JOIN pg_namespace n ON n.oid = c.relnamespace
-                WHERE n.nspname = 'public' AND c.relname = ANY(\(owned)) AND c.relowner <> (
-                    SELECT oid FROM pg_roles WHERE rolname = current_user)
-                """, logger: logger)
-            var foreign: [(name: String, owner: String)] = []
-            for try await (name, owner) in rows.decode((String, String).self) { foreign.append((name, owner)) }
-            if !foreign.isEmpty { throw ForeignOwner(objects: foreign) }
+            try await checkOwnership(owned, on: connection, logger: logger)
         }
+    }
+
+    /// Throws ``ForeignOwner`` when any of `owned` (in `public`) belongs to another role.
+    private static func checkOwnership(_ owned: [String], on connection: PostgresConnection, logger: Logger)
+        async throws
+    {
+        let rows = try await connection.query(
+            """
+            SELECT c.relname, pg_get_userbyid(c.relowner) FROM pg_class c
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = 'public' AND c.relname = ANY(\(owned)) AND c.relowner <> (
+                SELECT oid FROM pg_roles WHERE rolname = current_user)
+            """, logger: logger)
+        var foreign: [(name: String, owner: String)] = []
+        for try await (name, owner) in rows.decode((String, String).self) { foreign.append((name, owner)) }
+        if !foreign.isEmpty { throw ForeignOwner(objects: foreign) }
     }
 }

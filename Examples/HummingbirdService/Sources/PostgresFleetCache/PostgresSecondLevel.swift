@@ -84,6 +84,18 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
                     fresh_until float8 NOT NULL, version bigint NOT NULL, lease_token bigint,
                     lease_until timestamptz)
                 """,
+                // The codec's cap (AsyncStateCodec.maximumPayloadBytes) held by the table itself, also
+                // for a table made by an earlier release: nobody stores a larger payload.
+                """
+                DO $$ BEGIN
+                    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'async_state_entries_payload_size'
+                        AND conrelid = 'public.async_state_entries'::regclass)
+                    THEN
+                        ALTER TABLE public.async_state_entries ADD CONSTRAINT async_state_entries_payload_size
+                            CHECK (octet_length(payload) <= \(AsyncStateCodec<Never>.maximumPayloadBytes));
+                    END IF;
+                END $$
+                """,
             ])
     }
 
