@@ -19,8 +19,9 @@ import Synchronization
 ///   payload as bound parameters: nothing a topic or key holds is ever spliced into SQL.
 /// - **Listening** holds one dedicated connection (made from the `listening` configuration, outside
 ///   the pool) with `LISTEN` on the channel. It pings the server every `heartbeat` and treats a ping
-///   that fails or takes longer than a heartbeat as a lost connection, so a half-open TCP connection
-///   is noticed too.
+///   that fails, or goes unanswered for a heartbeat with no notification arriving either, as a lost
+///   connection, so a half-open TCP connection is noticed too — and a flood of notifications, behind
+///   which the ping's answer waits, is not (reconnecting would invalidate everything).
 /// - **A lost connection** (a server restart, a network cut) is retried with exponential backoff and
 ///   jitter until ``run()`` is cancelled. The backoff starts over only once a connection has stayed
 ///   up for two heartbeats: a connection that dies just after `LISTEN` (a proxy's idle timeout,
@@ -335,9 +336,13 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
     private func receive(_ notifications: PostgresNotificationSequence, pinging connection: PostgresConnection)
         async throws
     {
+        let heard = LastHeard()
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
-                for try await notification in notifications { self.deliver(notification.payload) }
+                for try await notification in notifications {
+                    heard.now()
+                    self.deliver(notification.payload)
+                }
                 throw ListenerEnded()
             }
             group.addTask { [heartbeat, logger] in
@@ -349,9 +354,15 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
                             return true
                         }
                         ping.addTask {
-                            try await Task.sleep(for: heartbeat)
-                            // No answer: close the connection, which fails the ping (a query in
-                            // flight does not end on cancellation) and the notification stream.
+                            // No answer within a heartbeat of the last sign of life: close the
+                            // connection, which fails the ping (a query in flight does not end on
+                            // cancellation) and the notification stream. Notifications arriving
+                            // are such signs: under a flood the ping's answer waits behind them, and
+                            // a connection that delivers is not lost (closing it would mean a
+                            // `reconnected`, which invalidates everything: what a flood is after).
+                            repeat {
+                                try await Task.sleep(for: heartbeat)
+                            } while heard.within(heartbeat)
                             if !Task.isCancelled { try? await connection.close() }
                             return false
                         }
@@ -448,5 +459,25 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
     /// The notification stream ended or a ping failed: the connection is gone.
     private struct ListenerEnded: Error, CustomStringConvertible {
         var description: String { "the listening connection stopped answering" }
+    }
+}
+
+/// When the listening connection last delivered a notification, for its ping's timeout.
+private final class LastHeard: Sendable {
+    private let start = ContinuousClock.now
+    private let nanoseconds = Atomic<Int64>(.min)
+
+    /// Notes a notification now.
+    func now() {
+        let elapsed = start.duration(to: .now).components
+        nanoseconds.store(elapsed.seconds &* 1_000_000_000 &+ elapsed.attoseconds / 1_000_000_000, ordering: .relaxed)
+    }
+
+    /// Whether one arrived within `interval` before now.
+    func within(_ interval: Duration) -> Bool {
+        let last = nanoseconds.load(ordering: .relaxed)
+        guard last != .min else { return false }
+        let since = start.duration(to: .now) - .nanoseconds(last)
+        return since < interval
     }
 }

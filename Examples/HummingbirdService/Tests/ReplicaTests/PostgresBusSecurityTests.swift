@@ -68,34 +68,76 @@ extension RealServerTests {
             }
         }
 
-        /// What anyone who can connect can do without the secret: 100,000 well-formed, unsigned
-        /// notifications. The bus checks each before buffering it: no overflow, so no `reconnected`
-        /// and no invalidation, and no memory kept.
-        @Test func aHundredThousandUnsignedNotificationsCostNoInvalidationAndNoMemory() async throws {
+        /// What anyone who can connect can do without the secret — another role with nothing but
+        /// `CONNECT`, and the service's own login — 100,000 well-formed, unsigned notifications each.
+        /// The bus checks each before buffering it: no overflow, so no `reconnected` and no
+        /// invalidation, and no memory kept.
+        @Test func unsignedNotificationsFromAnyLoginCostNoInvalidationAndNoMemory() async throws {
             let secret = try HMACAuthenticator(secret: Server.secret)
+            let server = try Server.settings()
+            let (role, password) = ("flood_\(String(UInt32.random(in: 0...UInt32.max), radix: 16))", UUID().uuidString)
+            try await withClient { admin in
+                for statement in [
+                    "CREATE ROLE \(role) LOGIN PASSWORD '\(password)'",
+                    "GRANT CONNECT ON DATABASE \"\(server.database)\" TO \(role)",
+                ] {
+                    try await admin.query(PostgresQuery(unsafeSQL: statement), logger: quietLogger)
+                }
+            }
+            var other = server.client
+            (other.username, other.password) = (role, password)
+            // The role goes at the end, whatever happened (its connections are closed by then).
+            let dropRole = {
+                try? await withClient { admin in
+                    for statement in [
+                        "REVOKE CONNECT ON DATABASE \"\(server.database)\" FROM \(role)", "DROP ROLE IF EXISTS \(role)",
+                    ] {
+                        try await admin.query(PostgresQuery(unsafeSQL: statement), logger: quietLogger)
+                    }
+                }
+            }
+            do {
+                try await flood(from: other, secret: secret)
+            } catch {
+                await dropRole()
+                throw error
+            }
+            await dropRole()
+        }
+
+        private func flood(from other: PostgresClient.Configuration, secret: HMACAuthenticator) async throws {
             try await withBuses(1, deliveryBuffer: 16, authenticator: secret) { buses, client in
                 let bus = buses[0]
                 let (reader, tenants, applying) = try await startReader(on: bus, secret: secret)
                 defer { applying.cancel() }
                 let before = residentKilobytes()
-                for batch in 0..<10 {
-                    let flood = try await client.query(
-                        """
-                        SELECT pg_notify(\(bus.channel), '{"topic":"tenants","key":"' || i || '","metadata":{"pad":"' \
-                        || repeat('x', 200) || '"}}') FROM generate_series(\(batch * 10_000 + 1), \((batch + 1) * 10_000)) AS i
-                        """, logger: quietLogger)
-                    for try await _ in flood {}
+                try await withClient(other) { otherClient in
+                    for (login, sender) in [("another role", otherClient), ("the service's login", client)] {
+                        let start = bus.unauthenticatedPayloads
+                        for batch in 0..<10 {
+                            let flood = try await sender.query(
+                                """
+                                SELECT pg_notify(\(bus.channel), '{"topic":"tenants","key":"' || i \
+                                || '","metadata":{"pad":"' || repeat('x', 200) || '"}}')
+                                FROM generate_series(\(batch * 10_000 + 1), \((batch + 1) * 10_000)) AS i
+                                """, logger: quietLogger)
+                            for try await _ in flood {}
+                        }
+                        let dropped = await eventually(timeout: .seconds(60)) {
+                            bus.unauthenticatedPayloads - start == 100_000
+                        }
+                        #expect(dropped, "from \(login)")
+                    }
                 }
-                #expect(await eventually(timeout: .seconds(60)) { bus.unauthenticatedPayloads == 100_000 })
                 let after = residentKilobytes()
                 print(
-                    "100,000 unsigned notifications: RSS \(before) kB before, \(after) kB after; "
-                        + "\(bus.unauthenticatedPayloads) dropped unbuffered, \(bus.overflows) overflows, "
-                        + "\(reader.deliveriesApplied - 1) applied")
+                    "100,000 unsigned notifications from another role and 100,000 from the service's login: "
+                        + "RSS \(before) kB before, \(after) kB after; \(bus.unauthenticatedPayloads) dropped "
+                        + "unbuffered, \(bus.overflows) overflows, \(reader.deliveriesApplied - 1) applied")
                 #expect(bus.overflows == 0)
                 #expect(reader.deliveriesApplied == 1 && reader.deliveriesRejected == 0)
                 #expect(tenants.snapshot(for: "acme")?.isExpired == false)
-                // Bounded: 100,000 payloads of about 250 bytes would be 25 MB if they were kept.
+                // Bounded: 200,000 payloads of about 250 bytes would be 50 MB if they were kept.
                 #expect(after - before < 16_000, "RSS grew \(after - before) kB")
             }
         }
