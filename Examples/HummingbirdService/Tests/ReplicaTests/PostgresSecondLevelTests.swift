@@ -366,43 +366,21 @@ extension RealServerTests {
         /// to the service's database, and one allowed to connect (a reporting role) can neither read
         /// nor write the entries nor draw a version.
         @Test func anotherRoleIsRefused() async throws {
-            let suffix = String(UInt32.random(in: 0...UInt32.max), radix: 16)
-            let (service, other, database) = ("l2_service_\(suffix)", "l2_other_\(suffix)", "l2_db_\(suffix)")
-            let (servicePassword, otherPassword) = (UUID().uuidString, UUID().uuidString)
-            let server = try Server.settings()
-            func configuration(_ user: String, _ password: String) -> PostgresClient.Configuration {
-                var configuration = server.client
-                configuration.username = user
-                configuration.password = password
-                configuration.database = database
-                return configuration
-            }
-            // Role and database names cannot be bound: these are made here, of hex digits.
-            try await withClient { admin in
-                for statement in [
-                    "CREATE ROLE \(service) LOGIN PASSWORD '\(servicePassword)'",
-                    "CREATE ROLE \(other) LOGIN PASSWORD '\(otherPassword)'",
-                    "CREATE DATABASE \(database) OWNER \(service)",
-                    "REVOKE CONNECT ON DATABASE \(database) FROM PUBLIC",
-                ] {
-                    try await admin.query(PostgresQuery(unsafeSQL: statement), logger: quietLogger)
-                }
-            }
-            do {
+            try await withTwoRoles("l2", otherMayConnect: false) { roles in
                 // The service's role creates, and so owns, the table and the sequence.
-                try await withClient(configuration(service, servicePassword)) { client in
+                try await withClient(roles.service) { client in
                     let level = PostgresSecondLevel(client: client, logger: quietLogger)
                     let stored = try await level.write(Self.entry("v", version: 1), for: "tenants:acme")
                     #expect(stored)
                 }
                 // Another role cannot even connect.
                 await #expect(throws: PSQLError.self) {
-                    try await Self.connectAndQuery(configuration(other, otherPassword), "SELECT 1")
+                    try await Self.connectAndQuery(roles.other, "SELECT 1")
                 }
                 // Allowed to connect, it still has no privilege on the entries or the sequence.
                 try await withClient { admin in
                     try await admin.query(
-                        PostgresQuery(unsafeSQL: "GRANT CONNECT ON DATABASE \(database) TO \(other)"),
+                        PostgresQuery(unsafeSQL: "GRANT CONNECT ON DATABASE \(roles.database) TO \(roles.otherName)"),
                         logger: quietLogger)
                 }
                 for statement in [
@@ -413,26 +391,58 @@ extension RealServerTests {
                     "SELECT nextval('async_state_versions')",
                 ] {
                     do {
-                        try await Self.connectAndQuery(configuration(other, otherPassword), statement)
+                        try await Self.connectAndQuery(roles.other, statement)
                         Issue.record("another role could run: \(statement)")
                     } catch let error as PSQLError {
                         #expect(error.serverInfo?[.sqlState] == "42501", "\(statement): \(String(reflecting: error))")
                     }
                 }
-                try await Self.connectAndQuery(configuration(other, otherPassword), "SELECT 1")  // it did connect
-            } catch {
-                try await Self.dropEverything(database: database, roles: [service, other])
-                throw error
+                try await Self.connectAndQuery(roles.other, "SELECT 1")  // it did connect
             }
-            try await Self.dropEverything(database: database, roles: [service, other])
         }
 
         /// Where another role may create in `public`, it creates the entries' table and sequence
         /// before the service and grants the service everything on them: the service refuses to
         /// use what it does not own (the other role could read, change and grant its data).
         @Test func tablesAnotherRoleCreatedFirstAreRefused() async throws {
+            try await withTwoRoles("own", otherMayConnect: true) { roles in
+                try await Self.connectAndQuery(
+                    roles.service, "GRANT CREATE ON SCHEMA public TO \(roles.otherName)")
+                for statement in [
+                    "CREATE SEQUENCE public.async_state_versions",
+                    """
+                    CREATE UNLOGGED TABLE public.async_state_entries (key text PRIMARY KEY, payload bytea NOT NULL,
+                        succeeded_at float8 NOT NULL, fresh_until float8 NOT NULL, version bigint NOT NULL,
+                        lease_token bigint, lease_until timestamptz)
+                    """,
+                    "GRANT ALL ON public.async_state_entries, public.async_state_versions TO \(roles.serviceName)",
+                ] {
+                    try await Self.connectAndQuery(roles.other, statement)
+                }
+                try await withClient(roles.service) { client in
+                    let level = PostgresSecondLevel(client: client, logger: quietLogger)
+                    do {
+                        _ = try await level.write(Self.entry("v", version: 1), for: "tenants:acme")
+                        Issue.record("the service wrote into a table another role owns")
+                    } catch let error as PostgresSchema.ForeignOwner {
+                        #expect(Set(error.objects.map(\.name)) == ["async_state_entries", "async_state_versions"])
+                        #expect(error.objects.allSatisfy { $0.owner == roles.otherName })
+                        print("tables another role created first: \(error)")
+                    }
+                }
+            }
+        }
+
+        /// The service's role and another, each with a client configuration, and a database the
+        /// service's role owns (`otherMayConnect`: whether PUBLIC keeps `CONNECT` on it), for `body`;
+        /// all dropped afterwards, whatever happened.
+        func withTwoRoles(
+            _ prefix: String, otherMayConnect: Bool, _ body: (TwoRoles) async throws -> Void
+        ) async throws {
             let suffix = String(UInt32.random(in: 0...UInt32.max), radix: 16)
-            let (service, other, database) = ("own_service_\(suffix)", "own_other_\(suffix)", "own_db_\(suffix)")
+            let (service, other, database) = (
+                "\(prefix)_service_\(suffix)", "\(prefix)_other_\(suffix)", "\(prefix)_db_\(suffix)"
+            )
             let (servicePassword, otherPassword) = (UUID().uuidString, UUID().uuidString)
             let server = try Server.settings()
             func configuration(_ user: String, _ password: String) -> PostgresClient.Configuration {
@@ -446,40 +456,29 @@ extension RealServerTests {
                     "CREATE ROLE \(service) LOGIN PASSWORD '\(servicePassword)'",
                     "CREATE ROLE \(other) LOGIN PASSWORD '\(otherPassword)'",
                     "CREATE DATABASE \(database) OWNER \(service)",
-                ] {
+                ] + (otherMayConnect ? [] : ["REVOKE CONNECT ON DATABASE \(database) FROM PUBLIC"]) {
                     try await admin.query(PostgresQuery(unsafeSQL: statement), logger: quietLogger)
                 }
             }
+            let roles = TwoRoles(
+                service: configuration(service, servicePassword), other: configuration(other, otherPassword),
+                serviceName: service, otherName: other, database: database)
             do {
-                try await Self.connectAndQuery(
-                    configuration(service, servicePassword), "GRANT CREATE ON SCHEMA public TO \(other)")
-                for statement in [
-                    "CREATE SEQUENCE public.async_state_versions",
-                    """
-                    CREATE UNLOGGED TABLE public.async_state_entries (key text PRIMARY KEY, payload bytea NOT NULL,
-                        succeeded_at float8 NOT NULL, fresh_until float8 NOT NULL, version bigint NOT NULL,
-                        lease_token bigint, lease_until timestamptz)
-                    """,
-                    "GRANT ALL ON public.async_state_entries, public.async_state_versions TO \(service)",
-                ] {
-                    try await Self.connectAndQuery(configuration(other, otherPassword), statement)
-                }
-                try await withClient(configuration(service, servicePassword)) { client in
-                    let level = PostgresSecondLevel(client: client, logger: quietLogger)
-                    do {
-                        _ = try await level.write(Self.entry("v", version: 1), for: "tenants:acme")
-                        Issue.record("the service wrote into a table another role owns")
-                    } catch let error as PostgresSchema.ForeignOwner {
-                        #expect(Set(error.objects.map(\.name)) == ["async_state_entries", "async_state_versions"])
-                        #expect(error.objects.allSatisfy { $0.owner == other })
-                        print("tables another role created first: \(error)")
-                    }
-                }
+                try await body(roles)
             } catch {
                 try await Self.dropEverything(database: database, roles: [service, other])
                 throw error
             }
             try await Self.dropEverything(database: database, roles: [service, other])
+        }
+
+        /// What ``withTwoRoles(_:otherMayConnect:_:)`` made.
+        struct TwoRoles {
+            let service: PostgresClient.Configuration
+            let other: PostgresClient.Configuration
+            let serviceName: String
+            let otherName: String
+            let database: String
         }
 
         /// One connection of `configuration`'s role (its refusal is an error at once, where a pool
