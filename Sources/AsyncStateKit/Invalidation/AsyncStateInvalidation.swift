@@ -118,6 +118,16 @@ public protocol AsyncStateInvalidationAuthenticator: Sendable {
     func isValid(_ signature: String, for content: String) -> Bool
 }
 
+extension AsyncStateInvalidationAuthenticator {
+    /// Whether `message` carries a valid signature of its ``AsyncStateInvalidation/signedContent``:
+    /// the check ``AsyncStateInvalidator`` makes of every delivery, for a bus that checks before it
+    /// buffers (whether the message is a replay is the invalidator's to tell).
+    public func isAuthentic(_ message: AsyncStateInvalidation) -> Bool {
+        guard let signature = message.signature else { return false }
+        return isValid(signature, for: message.signedContent)
+    }
+}
+
 extension AsyncStateInvalidation {
     /// The longest payload ``payload()`` writes and ``init(payload:)`` reads, in UTF-8 bytes: under
     /// PostgreSQL's 8,000-byte `NOTIFY` limit, and short enough for any pub/sub channel.

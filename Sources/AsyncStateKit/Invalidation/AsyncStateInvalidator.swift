@@ -42,7 +42,7 @@ public final class AsyncStateInvalidator: Sendable {
     let invalidateAllInterval: Duration
     let clock: StoreClock
     let subscriptions = LockedValue<[String: [Subscription]]>([:])
-    let state = LockedValue(State(replays: ReplayGuard(window: .zero, capacity: 1)))
+    let state: LockedValue<State>
     /// How what could not be sent is kept (see ``Recovery``); `nil`: not kept.
     let recovery: Recovery?
     /// Told of what the queue does and of refused deliveries (see ``Event``).
@@ -143,7 +143,10 @@ public final class AsyncStateInvalidator: Sendable {
         metadata: (@Sendable () -> [String: String])? = nil, recovery: Recovery? = Recovery(),
         events: (@Sendable (Event) -> Void)? = nil, replayWindow: Duration = .seconds(120)
     ) {
-        state.withLock { $0.replays = ReplayGuard(window: replayWindow.clampedToLimits, capacity: Self.replayCapacity) }
+        state = LockedValue(
+            State(
+                replays: ReplayGuard(window: replayWindow.clampedToLimits, capacity: Self.replayCapacity),
+                queue: recovery.map { InvalidationQueue(capacity: $0.capacity) }))
         self.bus = bus
         self.authenticator = authenticator
         self.metadata = metadata
@@ -151,7 +154,6 @@ public final class AsyncStateInvalidator: Sendable {
         self.clock = StoreClock(clock)
         self.recovery = recovery
         self.events = events
-        if let recovery { state.withLock { $0.queue = InvalidationQueue(capacity: recovery.capacity) } }
     }
 
     /// Subscribes `state` to `topic`: a message about the topic (with or without a key or a tag)
@@ -339,12 +341,10 @@ public final class AsyncStateInvalidator: Sendable {
     private func admit(
         _ message: AsyncStateInvalidation, _ authenticator: any AsyncStateInvalidationAuthenticator
     ) -> Rejection? {
-        guard let signature = message.signature, authenticator.isValid(signature, for: message.signedContent) else {
-            return .signature
-        }
-        guard message.sender != nil else { return .untimed }
+        guard authenticator.isAuthentic(message), let signature = message.signature else { return .signature }
+        guard message.sender != nil, let sentAt = message.sentAt else { return .untimed }
         let now = Self.milliseconds(clock.date())
-        return state.withLock { $0.replays.admit(signature: signature, sentAt: message.sentAt, now: now) }
+        return state.withLock { $0.replays.admit(signature: signature, sentAt: sentAt, now: now) }
     }
 
     /// `date` in whole milliseconds since 1970, clamped to `Int64`.

@@ -29,8 +29,7 @@ struct ReplayGuard {
 
     /// Admits a message with `signature`, sent at `sentAt`, at the receiver's `now` (both in
     /// milliseconds since 1970); `nil` when it is accepted (and remembered), else why not.
-    mutating func admit(signature: String, sentAt: Int64?, now: Int64) -> AsyncStateInvalidator.Rejection? {
-        guard let sentAt else { return .untimed }
+    mutating func admit(signature: String, sentAt: Int64, now: Int64) -> AsyncStateInvalidator.Rejection? {
         let (distance, overflow) = now.subtractingReportingOverflow(sentAt)
         guard !overflow, distance.magnitude <= window.magnitude else { return .outsideWindow }
         guard sentAt > floor else { return .replayed }

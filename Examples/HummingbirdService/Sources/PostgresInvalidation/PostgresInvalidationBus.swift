@@ -406,14 +406,10 @@ public final class PostgresInvalidationBus: AsyncStateInvalidationBus, Service {
             return
         }
         // Checked before it takes a slot in any buffer: an unsigned flood never overflows one.
-        if let authenticator {
-            guard let signature = invalidation.signature,
-                authenticator.isValid(signature, for: invalidation.signedContent)
-            else {
-                state.withLock { $0.unauthenticated += 1 }
-                metrics.unauthenticated.increment()
-                return
-            }
+        if let authenticator, !authenticator.isAuthentic(invalidation) {
+            state.withLock { $0.unauthenticated += 1 }
+            metrics.unauthenticated.increment()
+            return
         }
         let subscribers = state.withLock { state in
             state.received += 1
