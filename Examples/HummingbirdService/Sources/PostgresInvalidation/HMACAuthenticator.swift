@@ -33,7 +33,7 @@ public struct HMACAuthenticator: AsyncStateInvalidationAuthenticator {
         public var bytes: Int
 
         public var description: String {
-            bytes == 0 && HMACAuthenticator.minimumSecretBytes > 0
+            bytes == 0
                 ? "no invalidation secret: at least one of \(HMACAuthenticator.minimumSecretBytes) bytes is needed"
                 : "an invalidation secret of \(bytes) bytes: at least \(HMACAuthenticator.minimumSecretBytes) are needed"
         }

@@ -290,12 +290,16 @@ public struct PostgresSettings: Sendable, Equatable {
         return String(head) + redactingPasswordParameters(String(tail))
     }
 
+    /// A quoted value as libpq reads one: `'…'` with `\'` and `\\` escapes, up to its closing quote
+    /// or, unterminated, to the end (all of it may be a secret).
+    private static let quotedValue = #"'(?:[^'\\]|\\.)*(?:'|$)"#
+
     /// `text` with the value of every parameter whose name ends in `password` replaced by `***`:
     /// up to the next `&` or space, or, quoted, to its closing quote (or the end).
     static func redactingPasswordParameters(_ text: String) -> String {
         guard
             let pattern = try? NSRegularExpression(
-                pattern: #"(?i)(password\s*=\s*)(?:'(?:[^'\\]|\\.)*(?:'|$)|[^&\s]*)"#)
+                pattern: #"(?i)(password\s*=\s*)(?:"# + quotedValue + #"|[^&\s]*)"#)
         else { return "***" }
         return pattern.stringByReplacingMatches(
             in: text, range: NSRange(text.startIndex..., in: text), withTemplate: "$1***")
@@ -306,7 +310,7 @@ public struct PostgresSettings: Sendable, Equatable {
         let shown: Set<String> = ["host", "hostaddr", "port", "dbname", "user", "sslmode"]
         guard
             let pattern = try? NSRegularExpression(
-                pattern: #"([A-Za-z_]+)\s*=\s*('(?:[^'\\]|\\.)*(?:'|$)|\S*)"#)
+                pattern: #"([A-Za-z_]+)\s*=\s*("# + quotedValue + #"|\S*)"#)
         else { return "(a connection string of \(text.utf8.count) bytes)" }
         let range = NSRange(text.startIndex..., in: text)
         let parts = pattern.matches(in: text, range: range).compactMap { match -> String? in
