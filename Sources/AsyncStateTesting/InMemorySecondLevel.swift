@@ -126,8 +126,10 @@ public final class InMemorySecondLevel: AsyncStateSecondLevel, Sendable {
         try await invalidateAll(withPrefix: prefix, from: nil)
     }
 
-    public func put(_ entry: AsyncStateStoredEntry, for key: String) async throws -> UInt64 {
-        try await put(entry, for: key, from: nil)
+    public func put(for key: String, entry: @Sendable (_ version: UInt64) throws -> AsyncStateStoredEntry)
+        async throws -> UInt64
+    {
+        try await put(for: key, entry: entry, from: nil)
     }
 
     /// Marks the entry stale with a new version (a marker with no payload if there is none), and
@@ -140,11 +142,17 @@ public final class InMemorySecondLevel: AsyncStateSecondLevel, Sendable {
         }
     }
 
-    /// Marks `key` stale with a new version; the version.
-    private static func invalidate(_ key: String, in state: inout State) throws -> UInt64 {
+    /// The version `key`'s next invalidation takes: greater than every one stored and every token
+    /// given.
+    private static func nextVersion(of key: String, in state: State) throws -> UInt64 {
         let floor = max(state.lastTokens[key] ?? 0, state.entries[key]?.version ?? 0)
         guard floor < .max else { throw Unavailable() }
-        let version = floor + 1
+        return floor + 1
+    }
+
+    /// Marks `key` stale with a new version; the version.
+    private static func invalidate(_ key: String, in state: inout State) throws -> UInt64 {
+        let version = try nextVersion(of: key, in: state)
         state.lastTokens[key] = version
         state.leases[key] = nil
         var entry =
@@ -156,15 +164,18 @@ public final class InMemorySecondLevel: AsyncStateSecondLevel, Sendable {
         return version
     }
 
-    /// Stores `entry` under a new version (``invalidate(_:)``'s: greater than every one before), and
-    /// drops the key's lease.
-    fileprivate func put(_ entry: AsyncStateStoredEntry, for key: String, from replica: Int?) async throws -> UInt64 {
+    /// Stores the entry `entry` makes for a new version (``invalidate(_:)``'s: greater than every
+    /// one before), and drops the key's lease. An entry that names another version is stored under
+    /// the new one (as a store that writes its version column would).
+    fileprivate func put(
+        for key: String, entry: @Sendable (_ version: UInt64) throws -> AsyncStateStoredEntry, from replica: Int?
+    ) async throws -> UInt64 {
         try await call(from: replica) { state, _ in
             state.counts.writes += 1
-            var entry = entry
-            entry.version = try Self.invalidate(key, in: &state)
-            state.entries[key] = entry
-            return entry.version
+            var made = try entry(try Self.nextVersion(of: key, in: state))
+            made.version = try Self.invalidate(key, in: &state)
+            state.entries[key] = made
+            return made.version
         }
     }
 
@@ -310,8 +321,10 @@ public final class InMemorySecondLevel: AsyncStateSecondLevel, Sendable {
             try await level.invalidateAll(withPrefix: prefix, from: id)
         }
 
-        public func put(_ entry: AsyncStateStoredEntry, for key: String) async throws -> UInt64 {
-            try await level.put(entry, for: key, from: id)
+        public func put(for key: String, entry: @Sendable (_ version: UInt64) throws -> AsyncStateStoredEntry)
+            async throws -> UInt64
+        {
+            try await level.put(for: key, entry: entry, from: id)
         }
     }
 }

@@ -598,7 +598,9 @@ extension ForwardingSecondLevel {
     func invalidateAll(withPrefix prefix: String) async throws {
         try await connection.invalidateAll(withPrefix: prefix)
     }
-    func put(_ entry: AsyncStateStoredEntry, for key: String) async throws -> UInt64 {
-        try await connection.put(entry, for: key)
+    func put(for key: String, entry: @Sendable (_ version: UInt64) throws -> AsyncStateStoredEntry) async throws
+        -> UInt64
+    {
+        try await connection.put(for: key, entry: entry)
     }
 }

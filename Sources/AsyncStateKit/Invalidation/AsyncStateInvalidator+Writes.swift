@@ -8,7 +8,7 @@ extension AsyncStateInvalidator {
     /// replicas: for a service that changed its source and knows the new value.
     ///
     /// The value is stored in the family's second level under a new version
-    /// (``AsyncStateSecondLevel/put(_:for:)``), written here at that version (as
+    /// (``AsyncStateSecondLevel/put(for:entry:)``), written here at that version (as
     /// ``AsyncStateFamily/set(_:for:)`` writes, fresh from now), and announced on `topic` with it, as
     /// ``invalidate(_:key:)`` announces a change: every replica subscribed to `topic` drops its older
     /// data for the key, and its next read takes the written value from the second level — no source

@@ -63,31 +63,37 @@ public protocol AsyncStateSecondLevel: Sendable {
     func invalidateAll(withPrefix prefix: String) async throws
 
     /// Stores a value written through a replica rather than loaded under a lease (see
-    /// ``AsyncStateInvalidator/set(_:for:in:topic:)``): `entry`'s payload and dates, under a new
-    /// version — greater than every version stored and every token given for `key`, as an
-    /// invalidation's is — whatever is stored, and drops the key's lease, so that a holder that
-    /// loaded before the write cannot overwrite it. `entry.version` is ignored. Returns the version.
+    /// ``AsyncStateInvalidator/set(_:for:in:topic:)``): takes a new version for `key` — greater than
+    /// every version stored and every token given for it, as an invalidation's is — and stores the
+    /// entry `entry` makes for that version (its payload may seal the version: see
+    /// ``AsyncStateEntryAuthenticator``) whatever is stored, unless an entry of a greater version
+    /// landed in between (versions decide); it drops the key's lease, so that a holder that loaded
+    /// before the write cannot overwrite it. Call `entry` once, before storing; if it throws, store
+    /// nothing and throw its error. The entry's `version` must be the one given; returns it.
     ///
     /// The default implementation throws ``AsyncStateSecondLevelPutUnsupported``: a write then marks
     /// the key stale instead (``invalidate(_:)``), and the other replicas load it from the source.
-    func put(_ entry: AsyncStateStoredEntry, for key: String) async throws -> UInt64
+    func put(for key: String, entry: @Sendable (_ version: UInt64) throws -> AsyncStateStoredEntry) async throws
+        -> UInt64
 }
 
 extension AsyncStateSecondLevel {
     /// Throws ``AsyncStateSecondLevelPutUnsupported``: a second level that does not implement
-    /// ``put(_:for:)`` has a write through a replica mark the key stale instead.
-    public func put(_ entry: AsyncStateStoredEntry, for key: String) async throws -> UInt64 {
+    /// ``put(for:entry:)`` has a write through a replica mark the key stale instead.
+    public func put(for key: String, entry: @Sendable (_ version: UInt64) throws -> AsyncStateStoredEntry)
+        async throws -> UInt64
+    {
         throw AsyncStateSecondLevelPutUnsupported()
     }
 }
 
-/// What ``AsyncStateSecondLevel/put(_:for:)`` throws in a second level that does not implement it.
+/// What ``AsyncStateSecondLevel/put(for:entry:)`` throws in a second level that does not implement it.
 public struct AsyncStateSecondLevelPutUnsupported: Error, Sendable, Hashable, CustomStringConvertible {
     /// The error.
     public init() {}
 
     /// A readable explanation.
-    public var description: String { "this second level does not store written values (put(_:for:))" }
+    public var description: String { "this second level does not store written values (put(for:entry:))" }
 }
 
 /// An entry as a second level stores it: the encoded value, when its source answered, until when it
@@ -101,6 +107,11 @@ public struct AsyncStateStoredEntry: Sendable, Hashable {
     public var freshUntil: Date
     /// The entry's version: the lease token of the replica that wrote it.
     public var version: UInt64
+
+    /// The largest payload a replica writes: a codec's largest envelope
+    /// (``AsyncStateCodec/maximumPayloadBytes``) and the longest seal with its length
+    /// (``AsyncStateEntryAuthenticator``). A store may refuse larger ones.
+    public static var maximumPayloadBytes: Int { AsyncStateCodec<Never>.maximumPayloadBytes + 256 }
 
     /// Creates an entry.
     public init(payload: [UInt8], succeededAt: Date, freshUntil: Date, version: UInt64) {

@@ -78,6 +78,13 @@ public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
     /// lifetime: a value is never stored already expired. Values the source answers while the second
     /// level is skipped (after a fault), and writes through the invalidator, are not jittered.
     public var expiryJitter: Duration
+    /// Seals every entry this family writes and checks the seal of every entry it reads, so that
+    /// an entry written by anyone without the fleet's secret is never served (see
+    /// ``AsyncStateEntryAuthenticator``). `nil` (the default): entries are neither sealed nor
+    /// checked, and anyone who can write the store can plant one. Every replica of a family must
+    /// have the same setting: a sealed entry does not decode without one, an unsealed one is refused
+    /// with one (either costs a source call, never a wrong value).
+    public var authenticator: (any AsyncStateEntryAuthenticator)?
 
     /// Creates the options.
     ///
@@ -96,6 +103,7 @@ public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
     ///     ``writesInBackground``).
     ///   - expiryJitter: The most by which a loaded value's freshness is shortened (see
     ///     ``expiryJitter``).
+    ///   - authenticator: Seals the entries written and checks those read (see ``authenticator``).
     ///
     /// Durations are clamped to `0...AsyncStateLimits.maximumDuration`; a `timeout` or a
     /// `pollInterval` below a millisecond is a millisecond (a call is never unbounded, and a
@@ -105,7 +113,8 @@ public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
         timeout: Duration = .milliseconds(250), leaseDuration: Duration = .seconds(10),
         pollInterval: Duration = .milliseconds(25), maximumWait: Duration? = nil,
         faultBackoff: Duration = .seconds(1), maximumFaultBackoff: Duration = .seconds(30),
-        writesInBackground: Bool = false, expiryJitter: Duration = .zero
+        writesInBackground: Bool = false, expiryJitter: Duration = .zero,
+        authenticator: (any AsyncStateEntryAuthenticator)? = nil
     ) {
         self.level = level
         self.namespace = namespace
@@ -120,6 +129,7 @@ public struct AsyncStateSecondLevelOptions<Value: Sendable>: Sendable {
         self.maximumFaultBackoff = max(maximumFaultBackoff.clampedToLimits, self.faultBackoff)
         self.writesInBackground = writesInBackground
         self.expiryJitter = expiryJitter.clampedToLimits
+        self.authenticator = authenticator
     }
 }
 

@@ -206,13 +206,13 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         }
         let date = clock.date()
         let lifetime = Self.jittered(lifetime(value), by: options.expiryJitter, key: key, version: token)
-        guard lifetime > .zero, let payload = try? options.codec.encode(value) else {
+        guard lifetime > .zero, let envelope = try? options.codec.encode(value) else {
             note(.loaded(version: nil), load)
             return answer
         }
-        let entry = AsyncStateStoredEntry(
-            payload: payload, succeededAt: date, freshUntil: date.addingTimeInterval(lifetime.timeInterval),
-            version: token)
+        let entry = EntrySeal.entry(
+            envelope, key: key, version: token, succeededAt: date,
+            freshUntil: date.addingTimeInterval(lifetime.timeInterval), authenticator: options.authenticator)
         let arrival = RemoteArrival(age: .zero, lifetime: lifetime, date: date, version: token)
         // Written in a task of its own: once the source has answered, the entry saves the fleet a
         // call even if this load's callers have all left (its cancellation would end the call).
@@ -296,12 +296,14 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         guard let entry, load.input.mayTake(version: entry.version, succeededAt: entry.succeededAt) else {
             return nil
         }
+        // An invalidation's marker has no payload: nothing to take, and not a fault of the entry.
+        guard !entry.payload.isEmpty else { return nil }
         let value: Value
         do {
-            value = try options.codec.decode(entry.payload)
+            value = try options.codec.decode(
+                EntrySeal.envelope(of: entry, key: key, authenticator: options.authenticator))
         } catch {
-            // An invalidation's marker has no payload: not a fault of the entry.
-            if !entry.payload.isEmpty { note(.undecodable(error: error), load) }
+            note(.undecodable(error: error), load)
             return nil
         }
         guard
@@ -330,17 +332,22 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     }
 
     /// Stores `value`, written through this replica, as `key`'s entry under a new version
-    /// (``AsyncStateSecondLevel/put(_:for:)``), fresh for its lifetime from now: the version, or `nil`
+    /// (``AsyncStateSecondLevel/put(for:entry:)``), fresh for its lifetime from now: the version, or `nil`
     /// when it could not (a fault, a second level without `put`, a value not to be kept — a lifetime
     /// of zero — or one that does not encode). Tried whatever the backoff, in a task of its own.
     func put(_ value: Value, key: String) async -> UInt64? {
         let lifetime = lifetime(value)
-        guard lifetime > .zero, let payload = try? options.codec.encode(value) else { return nil }
+        guard lifetime > .zero, let envelope = try? options.codec.encode(value) else { return nil }
         let date = clock.date()
-        let entry = AsyncStateStoredEntry(
-            payload: payload, succeededAt: date, freshUntil: date.addingTimeInterval(lifetime.timeInterval), version: 0)
+        let freshUntil = date.addingTimeInterval(lifetime.timeInterval)
         return await Task(executorPreference: clock.executor) { [self, options] in
-            try? await bounded { try await options.level.put(entry, for: key) }
+            try? await bounded {
+                try await options.level.put(for: key) { version in
+                    EntrySeal.entry(
+                        envelope, key: key, version: version, succeededAt: date, freshUntil: freshUntil,
+                        authenticator: options.authenticator)
+                }
+            }
         }.value
     }
 

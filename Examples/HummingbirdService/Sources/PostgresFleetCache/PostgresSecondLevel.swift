@@ -84,15 +84,21 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
                     fresh_until float8 NOT NULL, version bigint NOT NULL, lease_token bigint,
                     lease_until timestamptz)
                 """,
-                // The codec's cap (AsyncStateCodec.maximumPayloadBytes) held by the table itself, also
-                // for a table made by an earlier release: nobody stores a larger payload.
+                // The payload's cap (AsyncStateStoredEntry.maximumPayloadBytes: the codec's, and a
+                // seal) held by the table itself, also for a table made by an earlier release (whose
+                // constraint, without room for the seal, is replaced): nobody stores a larger payload.
                 """
                 DO $$ BEGIN
-                    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'async_state_entries_payload_size'
+                    IF EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'async_state_entries_payload_size'
                         AND conrelid = 'public.async_state_entries'::regclass)
                     THEN
-                        ALTER TABLE public.async_state_entries ADD CONSTRAINT async_state_entries_payload_size
-                            CHECK (octet_length(payload) <= \(AsyncStateCodec<Never>.maximumPayloadBytes));
+                        ALTER TABLE public.async_state_entries DROP CONSTRAINT async_state_entries_payload_size;
+                    END IF;
+                    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'async_state_entries_payload_bytes'
+                        AND conrelid = 'public.async_state_entries'::regclass)
+                    THEN
+                        ALTER TABLE public.async_state_entries ADD CONSTRAINT async_state_entries_payload_bytes
+                            CHECK (octet_length(payload) <= \(AsyncStateStoredEntry.maximumPayloadBytes));
                     END IF;
                 END $$
                 """,
@@ -230,22 +236,33 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
         throw CorruptRow(column: "version")
     }
 
-    public func put(_ entry: AsyncStateStoredEntry, for key: String) async throws -> UInt64 {
+    public func put(for key: String, entry: @Sendable (_ version: UInt64) throws -> AsyncStateStoredEntry)
+        async throws -> UInt64
+    {
         try await prepare()
-        let (payload, succeededAt, freshUntil) = Self.columns(of: entry)
-        // As an invalidation, with the value: the version drawn under the row's lock, the lease
-        // dropped (a holder that loaded before this write cannot overwrite it).
+        // The version first (the entry's seal covers it), from the sequence: greater than every
+        // version stored and every token given so far. Then the value under it, the lease dropped
+        // (a holder that loaded before this write cannot overwrite it) — unless a newer version
+        // landed in between (a lease granted meanwhile, whose holder wrote first), which stays.
+        let next = try await client.query("SELECT nextval('public.async_state_versions')", logger: logger)
+        var drawn: Int64?
+        for try await version in next.decode(Int64.self) { drawn = version }
+        guard let drawn else { throw CorruptRow(column: "version") }
+        let version = try Self.version(drawn)
+        var made = try entry(version)
+        made.version = version
+        let (payload, succeededAt, freshUntil) = Self.columns(of: made)
         let rows = try await client.query(
             """
             INSERT INTO public.async_state_entries AS e (key, payload, succeeded_at, fresh_until, version)
-            VALUES (\(key), \(payload), \(succeededAt), \(freshUntil), nextval('public.async_state_versions'))
+            VALUES (\(key), \(payload), \(succeededAt), \(freshUntil), \(drawn))
             ON CONFLICT (key) DO UPDATE SET payload = EXCLUDED.payload, succeeded_at = EXCLUDED.succeeded_at,
-                fresh_until = EXCLUDED.fresh_until, version = nextval('public.async_state_versions'),
-                lease_token = NULL, lease_until = NULL
-            RETURNING e.version
+                fresh_until = EXCLUDED.fresh_until, version = EXCLUDED.version, lease_token = NULL, lease_until = NULL
+            WHERE e.version < EXCLUDED.version OR e.version > (SELECT last_value FROM public.async_state_versions)
+            RETURNING 1
             """, logger: logger)
-        for try await version in rows.decode(Int64.self) { return try Self.version(version) }
-        throw CorruptRow(column: "version")
+        for try await _ in rows.decode(Int.self) {}
+        return version
     }
 
     public func invalidateAll(withPrefix prefix: String) async throws {

@@ -21,8 +21,18 @@ import Foundation
 /// changes its secret without downtime in three rolling restarts: every replica gets `[old, new]`
 /// (it accepts both, still signs with the old), then `[new, old]` (it signs with the new one, which
 /// every replica now accepts), then `[new]`.
-public struct HMACAuthenticator: AsyncStateInvalidationAuthenticator {
+///
+/// ## Second-level entries
+///
+/// It seals the entries a family writes to its second level too (give it as
+/// `AsyncStateSecondLevelOptions`' `authenticator`): an entry planted by anyone with the database
+/// login but not the secret is never served. Entries are sealed under a key derived from each
+/// secret for that use alone, so that no signature of an invalidation is ever a valid seal, or the
+/// reverse; rotation works as for invalidations.
+public struct HMACAuthenticator: AsyncStateInvalidationAuthenticator, AsyncStateEntryAuthenticator {
     private let keys: [SymmetricKey]
+    /// The keys entries are sealed with: HMAC-SHA256 of a fixed label under each secret.
+    private let entryKeys: [SymmetricKey]
 
     /// The shortest secret accepted, in UTF-8 bytes: 32, an HMAC-SHA256 key's length.
     public static var minimumSecretBytes: Int { 32 }
@@ -55,6 +65,9 @@ public struct HMACAuthenticator: AsyncStateInvalidationAuthenticator {
             throw SecretTooShort(bytes: secret.utf8.count)
         }
         keys = secrets.map { SymmetricKey(data: Data($0.utf8)) }
+        entryKeys = keys.map { key in
+            SymmetricKey(data: Data(HMAC<SHA256>.authenticationCode(for: Data("async-state entries".utf8), using: key)))
+        }
     }
 
     public func signature(for content: String) -> String {
@@ -64,9 +77,23 @@ public struct HMACAuthenticator: AsyncStateInvalidationAuthenticator {
     /// Compares in constant time (`HMAC.isValidAuthenticationCode`) with each secret in turn.
     public func isValid(_ signature: String, for content: String) -> Bool {
         guard let code = Data(base64Encoded: signature) else { return false }
-        let data = Data(content.utf8)
-        // Every key is tried, whichever matches: the time taken does not say which one did.
-        return keys.reduce(false) { valid, key in
+        return Self.isValid(code, for: Data(content.utf8), under: keys)
+    }
+
+    /// An entry's seal: HMAC-SHA256 under the first secret's entry key (32 bytes).
+    public func seal(_ content: [UInt8]) -> [UInt8] {
+        Array(HMAC<SHA256>.authenticationCode(for: content, using: entryKeys[0]))
+    }
+
+    /// Compares in constant time with each secret's entry key in turn.
+    public func isValid(_ seal: [UInt8], for content: [UInt8]) -> Bool {
+        Self.isValid(Data(seal), for: Data(content), under: entryKeys)
+    }
+
+    /// Whether `code` authenticates `data` under any of `keys`. Every key is tried, whichever
+    /// matches: the time taken does not say which one did.
+    private static func isValid(_ code: Data, for data: Data, under keys: [SymmetricKey]) -> Bool {
+        keys.reduce(false) { valid, key in
             HMAC<SHA256>.isValidAuthenticationCode(code, authenticating: data, using: key) || valid
         }
     }

@@ -64,6 +64,8 @@ public final class Catalog: Sendable {
     ///   - authenticator: Signs and checks the invalidations on `bus` (see `HMACAuthenticator`).
     ///   - secondLevel: Where the replicas share the tenants they load (namespace ``tenantsTopic``);
     ///     `nil`: each replica loads its own.
+    ///   - entryAuthenticator: Seals the tenants' second-level entries and checks those read (see
+    ///     `HMACAuthenticator`): an entry planted without the secret is never served.
     ///   - metrics: Where the upstream's batch calls and the tenant store's reads are counted (the
     ///     bootstrapped factory by default).
     ///   - invalidationMetadata: What each published invalidation carries for the other replicas'
@@ -72,7 +74,9 @@ public final class Catalog: Sendable {
         settings: Settings, upstream: any Upstream, clock: some Clock<Duration> = ContinuousClock(),
         observer: (any AsyncStateObserver)? = nil, tenantStore: any TenantStore = InMemoryTenantStore(),
         bus: (any AsyncStateInvalidationBus)? = nil, authenticator: (any AsyncStateInvalidationAuthenticator)? = nil,
-        secondLevel: (any AsyncStateSecondLevel)? = nil, metrics: any MetricsFactory = MetricsSystem.factory,
+        secondLevel: (any AsyncStateSecondLevel)? = nil,
+        entryAuthenticator: (any AsyncStateEntryAuthenticator)? = nil,
+        metrics: any MetricsFactory = MetricsSystem.factory,
         invalidationMetadata: (@Sendable () -> [String: String])? = nil,
         invalidatorEvents: (@Sendable (AsyncStateInvalidator.Event) -> Void)? = nil
     ) {
@@ -115,7 +119,7 @@ public final class Catalog: Sendable {
             secondLevel: secondLevel.map {
                 AsyncStateSecondLevelOptions(
                     level: $0, namespace: Self.tenantsTopic, codec: .json(tag: "TenantConfig"),
-                    timeout: settings.secondLevelTimeout)
+                    timeout: settings.secondLevelTimeout, authenticator: entryAuthenticator)
             })
         invalidator = bus.map {
             AsyncStateInvalidator(

@@ -47,7 +47,8 @@ let metrics = MetricsObserver(states: Catalog.stateNames)
 let observer = ObserverGroup([LoggingObserver(logger: logger), metrics, tracing])
 
 // With POSTGRES_URL, tenants live in PostgreSQL, the replicas invalidate each other through it, and
-// (unless SECOND_LEVEL=off) they share the tenants they load there.
+// (unless SECOND_LEVEL=off) they share the tenants they load there. The one secret signs the
+// invalidations and seals the second level's entries (under a key derived for that use).
 var tenantStore: any TenantStore = InMemoryTenantStore()
 var bus: PostgresInvalidationBus?
 var authenticator: HMACAuthenticator?
@@ -72,6 +73,7 @@ let catalog = Catalog(
     upstream: SimulatedUpstream(
         latency: settings.upstreamLatency, clock: ContinuousClock(), outage: settings.upstreamOutage),
     observer: observer, tenantStore: tenantStore, bus: bus, authenticator: authenticator, secondLevel: secondLevel,
+    entryAuthenticator: authenticator,
     invalidationMetadata: tracing.invalidationMetadata,
     invalidatorEvents: RejectionLog(logger: logger).events(then: metrics.invalidatorEvents()))
 if let invalidator = catalog.invalidator {
@@ -85,7 +87,7 @@ logger.info(
         "store":
             "\(settings.postgres.map { "postgres \($0.host):\($0.port)/\($0.database) as \($0.username)" } ?? "memory")",
         "sslmode": "\(settings.postgres.map(\.sslMode.rawValue) ?? "n/a")",
-        "second_level": "\(settings.postgres != nil && settings.secondLevel ? "on" : "off")",
+        "second_level": "\(settings.postgres != nil && settings.secondLevel ? "on, entries sealed" : "off")",
         "invalidation":
             "\(settings.postgres != nil ? "postgres channel \(settings.invalidationChannel), signed" : "none")",
         "writes": "\(settings.writeToken != nil ? "enabled" : "disabled (no WRITE_TOKEN)")",

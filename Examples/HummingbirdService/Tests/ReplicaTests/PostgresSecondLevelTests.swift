@@ -110,11 +110,14 @@ extension RealServerTests {
                     Issue.record("a free lease was not given")
                     return
                 }
-                var putEntry = Self.entry("written", version: 0)
-                let put = try await level.put(putEntry, for: putKey)
-                #expect(put > holder && put > markerVersion)
-                putEntry.version = put
-                #expect(try await level.read(putKey) == putEntry)
+                let made = Mutex<AsyncStateStoredEntry?>(nil)
+                let put = try await level.put(for: putKey) { version in
+                    let entry = Self.entry("written at \(version)", version: version)
+                    made.withLock { $0 = entry }
+                    return entry
+                }
+                #expect(put > holder && put > markerVersion && made.withLock { $0?.version } == put)
+                #expect(try await level.read(putKey) == made.withLock { $0 })
                 #expect(try await !level.write(Self.entry("loaded before", version: holder), for: putKey))
                 guard case .acquired(_, put?) = try await level.acquireLease(on: putKey, for: .seconds(10)) else {
                     Issue.record("a put left the lease held, or the grant did not name its version")
@@ -295,12 +298,70 @@ extension RealServerTests {
             }
         }
 
-        /// The table holds the codec's cap: a payload one byte larger cannot be stored, by anyone.
+        /// As the service's own login without the secret would: entries the replicas' seal does not
+        /// cover — a well-formed envelope with no seal, one sealed under another secret, a real
+        /// sealed entry copied to another key — are never served, are counted, and are replaced by
+        /// the next load's sealed entry.
+        @Test func anEntryWithoutAValidSealIsNeverServedAndIsReplaced() async throws {
+            try await withClient { client in
+                let level = PostgresSecondLevel(client: client, logger: quietLogger)
+                let namespace = String(uniquePrefix("sealed").dropLast())
+                let fleet = try HMACAuthenticator(secret: Server.secret)
+                func family(_ authenticator: HMACAuthenticator?) -> AsyncStateFamily<String, Int> {
+                    AsyncStateFamily<String, Int>(
+                        expiry: .seconds(600),
+                        secondLevel: AsyncStateSecondLevelOptions(
+                            level: level, namespace: namespace, codec: .json, timeout: .seconds(5),
+                            authenticator: authenticator))
+                }
+                // A real sealed entry, for key "real".
+                #expect(try await family(fleet).value(for: "real") { _ in 7 } == 7)
+                let now = Date()
+                let plain = ByteBuffer(bytes: try AsyncStateCodec<Int>.json.encode(666))
+                // Planted with the service's login: a fresh envelope without a seal, fresh for an hour.
+                try await client.query(
+                    """
+                    INSERT INTO public.async_state_entries (key, payload, succeeded_at, fresh_until, version)
+                    VALUES (\("\(namespace):unsealed"), \(plain), \(now.timeIntervalSinceReferenceDate),
+                        \(now.addingTimeInterval(3_600).timeIntervalSinceReferenceDate),
+                        nextval('public.async_state_versions'))
+                    """, logger: quietLogger)
+                // Sealed under another secret (a replica of another fleet, or a guess).
+                let other = try HMACAuthenticator(secret: String(repeating: "o", count: 32))
+                #expect(try await family(other).value(for: "other") { _ in 666 } == 666)
+                // The real entry of "real", copied to "copied" with a version of its own.
+                try await client.query(
+                    """
+                    INSERT INTO public.async_state_entries (key, payload, succeeded_at, fresh_until, version)
+                    SELECT \("\(namespace):copied"), payload, succeeded_at, fresh_until,
+                        nextval('public.async_state_versions')
+                    FROM public.async_state_entries WHERE key = \("\(namespace):real")
+                    """, logger: quietLogger)
+                for key in ["unsealed", "other", "copied"] {
+                    let reader = family(fleet)
+                    let calls = Mutex(0)
+                    let value = try await reader.value(for: key) { _ in
+                        calls.withLock { $0 += 1 }
+                        return 42
+                    }
+                    #expect(value == 42 && calls.withLock { $0 } == 1, "\(key)")
+                    #expect(reader.secondLevelStatistics?.undecodable == 1, "\(key)")
+                    // The next replica takes the replacement: sealed, no source call.
+                    #expect(try await family(fleet).value(for: key) { _ in 0 } == 42, "\(key)")
+                }
+                print(
+                    "entries planted without the secret (no seal, another secret's, a real seal on another key): "
+                        + "each not served, counted as undecodable, and replaced by a sealed load")
+            }
+        }
+
+        /// The table holds the payload's cap (a codec's and a seal): a payload one byte larger cannot
+        /// be stored, by anyone.
         @Test func aPayloadPastTheCapIsRefusedByTheTable() async throws {
             try await withClient { client in
                 let level = PostgresSecondLevel(client: client, logger: quietLogger)
                 let key = uniquePrefix("cap") + "k"
-                let cap = AsyncStateCodec<Never>.maximumPayloadBytes
+                let cap = AsyncStateStoredEntry.maximumPayloadBytes
                 var entry = Self.entry("", version: 1)
                 entry.payload = Array(repeating: 0x61, count: cap)
                 #expect(try await level.write(entry, for: key))

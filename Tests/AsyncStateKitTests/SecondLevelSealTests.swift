@@ -1,0 +1,229 @@
+import AsyncStateTesting
+import Foundation
+import Testing
+
+@testable import AsyncStateKit
+
+/// Sealed second-level entries (``AsyncStateEntryAuthenticator``): what replicas of the fleet write
+/// is shared as before; what anyone else writes — unsealed, sealed with another secret, a real seal
+/// moved to another key, version or date — is never served, is counted, and is replaced by the next
+/// load.
+@Suite struct SecondLevelSealTests {
+    /// A keyed checksum standing in for HMAC in these tests (the library has no cryptography; the
+    /// example service uses HMAC-SHA256): it seals with the first secret and accepts any.
+    struct Sealer: AsyncStateEntryAuthenticator {
+        var secrets: [UInt64]
+
+        static func checksum(_ content: [UInt8], secret: UInt64) -> [UInt8] {
+            var hash: UInt64 = 0xcbf2_9ce4_8422_2325 ^ secret
+            for byte in content { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
+            hash ^= secret &* 0x9e37_79b9_7f4a_7c15
+            return (0..<8).map { UInt8(truncatingIfNeeded: hash >> ($0 * 8)) }
+        }
+
+        func seal(_ content: [UInt8]) -> [UInt8] { Self.checksum(content, secret: secrets[0]) }
+
+        func isValid(_ seal: [UInt8], for content: [UInt8]) -> Bool {
+            secrets.contains { Self.checksum(content, secret: $0) == seal }
+        }
+    }
+
+    static let fleet = Sealer(secrets: [0x5EC2E7])
+
+    /// A replica's family on `level`, sealing with `sealer` (none: `nil`).
+    static func replica(
+        on level: InMemorySecondLevel, clock: VirtualClock, sealer: Sealer? = fleet, maxStaleAge: Duration? = nil
+    ) -> AsyncStateFamily<Int, Int> {
+        AsyncStateFamily<Int, Int>(
+            expiry: .seconds(120), clock: clock, maxStaleAge: maxStaleAge,
+            secondLevel: AsyncStateSecondLevelOptions(
+                level: level.replica(), namespace: "numbers", codec: .json, authenticator: sealer))
+    }
+
+    /// Whether `entry` is sealed by `sealer` for `key`, and holds `value`.
+    static func holds(_ entry: AsyncStateStoredEntry?, _ value: Int, key: String, sealer: Sealer = fleet) -> Bool {
+        guard let entry, let envelope = try? EntrySeal.envelope(of: entry, key: key, authenticator: sealer) else {
+            return false
+        }
+        return (try? AsyncStateCodec<Int>.json.decode(envelope)) == value
+    }
+
+    /// One replica's load is sealed, and another takes it without a source call; the seal is in the
+    /// payload, after the codec's envelope.
+    @Test func aSealedEntryIsSharedAsBefore() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock)
+        let (first, second) = (Self.replica(on: level, clock: clock), Self.replica(on: level, clock: clock))
+        let loading = clock.task { try await first.value(for: 6, source.operation) }
+        await clock.advance(by: .seconds(1))
+        #expect(try await loading.value == 61)
+        let entry = try #require(level.entry(for: "numbers:6"))
+        #expect(Self.holds(entry, 61, key: "numbers:6"))
+        #expect(entry.payload.count == (try AsyncStateCodec<Int>.json.encode(61)).count + 9)
+        #expect((try? AsyncStateCodec<Int>.json.decode(entry.payload)) == nil)
+        #expect(try await second.value(for: 6, source.operation) == 61)
+        #expect(source.calls.count == 1)
+        #expect(second.secondLevelStatistics?.hits == 1)
+    }
+
+    /// Every way to plant an entry without the secret: no seal, another secret's, a real seal of
+    /// another key, a real entry with its version or its freshness raised, a seal altered, a seal
+    /// that is only its length. Each is not served (the source is called, once), is counted, and is
+    /// replaced by the load's sealed entry — its version above the planted one's.
+    @Test func aPlantedEntryIsNeverServedAndIsReplaced() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock)
+        let writer = Self.replica(on: level, clock: clock)
+        let loading = clock.task { try await writer.value(for: 6, source.operation) }
+        await clock.advance(by: .seconds(1))
+        #expect(try await loading.value == 61)
+        let real = try #require(level.entry(for: "numbers:6"))
+        let envelope = try AsyncStateCodec<Int>.json.encode(99)
+        let later = clock.startDate + 3_600
+        let other = EntrySeal.entry(
+            envelope, key: "numbers:7", version: 40, succeededAt: clock.startDate, freshUntil: later,
+            authenticator: Sealer(secrets: [1]))
+        var raised = real
+        raised.version = 1_000
+        var extended = real
+        extended.freshUntil = later
+        var flipped = real
+        flipped.payload[flipped.payload.count - 2] ^= 1
+        let forgeries: [(String, AsyncStateStoredEntry)] = [
+            (
+                "unsealed",
+                AsyncStateStoredEntry(payload: envelope, succeededAt: clock.startDate, freshUntil: later, version: 40)
+            ),
+            ("another secret", other), ("another key's", real), ("version raised", raised),
+            ("freshness raised", extended), ("seal altered", flipped),
+            (
+                "length only",
+                AsyncStateStoredEntry(
+                    payload: envelope + [0], succeededAt: clock.startDate, freshUntil: later, version: 40)
+            ),
+        ]
+        for (name, forgery) in forgeries {
+            let source = KeyedSource(clock: clock)
+            level.overwrite(forgery, for: "numbers:7")
+            let log = EventLog()
+            let reader = AsyncStateFamily<Int, Int>(
+                expiry: .seconds(120), clock: clock, observer: log,
+                secondLevel: AsyncStateSecondLevelOptions(
+                    level: level.replica(), namespace: "numbers", codec: .json, authenticator: Self.fleet))
+            let caller = clock.task { try await reader.value(for: 7, source.operation) }
+            await clock.advance(by: .seconds(1))
+            #expect(try await caller.value == 71, "\(name)")
+            #expect(source.calls.count == 1, "\(name)")
+            #expect(reader.secondLevelStatistics?.undecodable == 1, "\(name)")
+            #expect(
+                log.all.contains { $0.contains("undecodable") && $0.contains("has no valid seal") },
+                "\(name)")
+            let replaced = try #require(level.entry(for: "numbers:7"))
+            #expect(Self.holds(replaced, 71, key: "numbers:7"), "\(name)")
+            #expect(replaced.version > forgery.version, "\(name)")
+        }
+    }
+
+    /// Fail-safe from the second level takes a sealed entry and never a planted one: a replica with
+    /// nothing whose source is down answers the failure rather than the forgery.
+    @Test func aPlantedEntryIsNeverAFallback() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source: @Sendable (Int) async throws -> Int = { _ in throw SourceDown() }
+        let stale = clock.startDate - 30
+        level.overwrite(
+            EntrySeal.entry(
+                try AsyncStateCodec<Int>.json.encode(50), key: "numbers:5", version: 3, succeededAt: stale,
+                freshUntil: stale + 1, authenticator: Self.fleet),
+            for: "numbers:5")
+        level.overwrite(
+            AsyncStateStoredEntry(
+                payload: try AsyncStateCodec<Int>.json.encode(66), succeededAt: stale, freshUntil: stale + 1, version: 3
+            ),
+            for: "numbers:6")
+        let replica = Self.replica(on: level, clock: clock, maxStaleAge: .seconds(600))
+        #expect(try await replica.value(for: 5, source) == 50)
+        await #expect(throws: SourceDown.self) { try await replica.value(for: 6, source) }
+        #expect(replica.snapshot(for: 6)?.hasValue != true)
+        #expect(replica.secondLevelStatistics?.undecodable == 1)
+    }
+
+    /// A write through the invalidator is sealed with the version the second level gives it (the
+    /// seal covers it, and the store chooses it): the other replicas take it with no source call.
+    @Test func aWriteThroughTheInvalidatorIsSealedWithItsVersion() async throws {
+        let clock = VirtualClock()
+        let network = InMemoryInvalidationNetwork()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = InvalidationRecoveryTests.Source()
+        source.write("v0", for: 5)
+        var nodes: [InvalidationRecoveryTests.Node] = []
+        for _ in 0..<3 {
+            let options = AsyncStateSecondLevelOptions<String>(
+                level: level.replica(), namespace: "p", codec: .json, authenticator: Self.fleet)
+            nodes.append(await .init(network: network, clock: clock, secondLevel: options))
+        }
+        for node in nodes { _ = try await node.profiles.value(for: 5, source.operation) }
+        let before = source.calls.withLock { $0 }
+        await clock.advance(by: .seconds(1))
+        source.write("v1", for: 5)
+        #expect(
+            try await nodes[0].invalidator.set("v1", for: 5, in: nodes[0].profiles, topic: "profiles") == .published)
+        let entry = try #require(level.entry(for: "p:5"))
+        let envelope = try EntrySeal.envelope(of: entry, key: "p:5", authenticator: Self.fleet)
+        #expect(try AsyncStateCodec<String>.json.decode(envelope) == "v1")
+        for node in nodes.dropFirst() {
+            #expect(await soon { node.profiles.snapshot(for: 5)?.isExpired == true })
+            #expect(try await node.profiles.value(for: 5, source.operation) == "v1")
+        }
+        #expect(source.calls.withLock { $0 } == before)
+        #expect(nodes.allSatisfy { $0.profiles.secondLevelStatistics?.undecodable == 0 })
+        for node in nodes { node.runner.cancel() }
+    }
+
+    /// A rolling change of the secret: a replica that accepts [new, old] takes what the old secret
+    /// sealed; one still on [old] refuses what the new one sealed — a source call, never a wrong
+    /// value — and one without a secret is refused by both (and refuses theirs, which do not
+    /// decode without one).
+    @Test func aRollingChangeOfTheSecretCostsCallsNeverWrongValues() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock, duration: .zero)
+        let old = Sealer(secrets: [1])
+        let both = Sealer(secrets: [2, 1])
+        let (onOld, onBoth, unsealed) = (
+            Self.replica(on: level, clock: clock, sealer: old), Self.replica(on: level, clock: clock, sealer: both),
+            Self.replica(on: level, clock: clock, sealer: nil)
+        )
+        #expect(try await onOld.value(for: 1, source.operation) == 11)
+        #expect(try await onBoth.value(for: 1, source.operation) == 11)  // the old seal, accepted
+        #expect(source.calls.count == 1)
+        #expect(try await onBoth.value(for: 2, source.operation) == 21)
+        #expect(Self.holds(level.entry(for: "numbers:2"), 21, key: "numbers:2", sealer: Sealer(secrets: [2])))
+        #expect(try await onOld.value(for: 2, source.operation) == 22)  // the new seal, refused
+        #expect(onOld.secondLevelStatistics?.undecodable == 1)
+        #expect(try await unsealed.value(for: 2, source.operation) == 23)  // a sealed payload does not decode
+        #expect(unsealed.secondLevelStatistics?.undecodable == 1)
+        #expect(try await unsealed.value(for: 3, source.operation) == 31)
+        #expect(try await onBoth.value(for: 3, source.operation) == 32)  // an unsealed entry, refused
+        #expect(onBoth.secondLevelStatistics?.undecodable == 1)
+    }
+
+    /// The seal covers dates to the millisecond, and a sealed entry's dates are kept to it: a store
+    /// that keeps them to the microsecond (PostgreSQL's `timestamptz`) keeps the seal valid.
+    @Test func aStoreThatRoundsDatesToTheMicrosecondKeepsTheSeal() throws {
+        let envelope = try AsyncStateCodec<Int>.json.encode(1)
+        for offset in [0.0, 0.000_4999, 0.000_5, 0.123_456_789, 1e9 + 0.987_654_321] {
+            let date = Date(timeIntervalSince1970: 1.7e9 + offset)
+            var entry = EntrySeal.entry(
+                envelope, key: "k", version: 9, succeededAt: date, freshUntil: date + 60, authenticator: Self.fleet)
+            let micro: (Date) -> Date = {
+                Date(timeIntervalSince1970: ($0.timeIntervalSince1970 * 1e6).rounded() / 1e6)
+            }
+            (entry.succeededAt, entry.freshUntil) = (micro(entry.succeededAt), micro(entry.freshUntil))
+            #expect(Self.holds(entry, 1, key: "k"), "offset \(offset)")
+            #expect(abs(entry.succeededAt.timeIntervalSince(date)) <= 0.000_5 + 1e-6)
+        }
+    }
+}
