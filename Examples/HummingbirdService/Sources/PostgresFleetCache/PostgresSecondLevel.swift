@@ -310,8 +310,11 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
         return Double(seconds) + Double(attoseconds) / 1e18
     }
 
-    /// Creates the sequence and the table once per process (tried again after a failure).
-    private func prepare() async throws { try await schema.prepare() }
+    /// Creates the sequence and the table once per process (tried again after a failure), and checks
+    /// that the service's role owns them (``PostgresSchema/ForeignOwner`` otherwise). Every call
+    /// does it first; a service calls it at start too (its readiness probe), so that tables another
+    /// role owns make it not ready, with the reason, before any request.
+    public func prepare() async throws { try await schema.prepare() }
 
     /// A row whose version is not one the sequence gives (someone wrote the table by hand).
     public struct CorruptRow: Error, CustomStringConvertible {

@@ -1,4 +1,5 @@
 import Foundation
+import PostgresFleetCache
 import Synchronization
 
 /// A call to the tenant store that did not answer in time, or failed: what a client and the
@@ -15,6 +16,8 @@ public struct TenantStoreUnavailable: Error, Sendable, Equatable, CustomStringCo
     /// A short reason for `error` that names what is wrong without quoting it: the kinds a
     /// PostgreSQL client meets when the store is misconfigured or down.
     public static func reason(of error: any Error) -> String {
+        // Names the tables and the role that owns them: no secret.
+        if let foreign = error as? PostgresSchema.ForeignOwner { return foreign.description }
         let text = String(reflecting: error)
         let known: [(needle: String, reason: String)] = [
             ("28P01", "authentication failed (wrong password)"),

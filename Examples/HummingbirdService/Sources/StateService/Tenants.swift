@@ -135,12 +135,22 @@ public final class PostgresTenantStore: TenantStore {
     /// queries then only wait: a connection of the probe's own says why it fails).
     private let probing: PostgresConnection.Configuration?
 
+    /// What else the probe prepares, after its table (`PostgresSecondLevel.prepare`).
+    private let preparing: [@Sendable () async throws -> Void]
+
     /// A store on `client` (run the client in the service group), probed for readiness through a
-    /// connection of its own made with `probing` (`nil`: through the client).
-    public init(client: PostgresClient, logger: Logger, probing: PostgresConnection.Configuration? = nil) {
+    /// connection of its own made with `probing` (`nil`: through the client). The probe also
+    /// creates the store's table and checks that the service's role owns it, then runs `preparing`
+    /// (the second level's `prepare`): tables another role owns make the service not ready, with
+    /// the reason, from its first probe at start.
+    public init(
+        client: PostgresClient, logger: Logger, probing: PostgresConnection.Configuration? = nil,
+        preparing: [@Sendable () async throws -> Void] = []
+    ) {
         self.client = client
         self.logger = logger
         self.probing = probing
+        self.preparing = preparing
         schema = PostgresSchema(
             client: client, logger: logger, lock: 7_160_231, owned: ["tenant_configs"],
             statements: [
@@ -176,20 +186,23 @@ public final class PostgresTenantStore: TenantStore {
     /// Connects (which negotiates TLS, signs in and opens the database) and runs `SELECT 1`: on a
     /// connection of its own when the store was given one's configuration, so that a wrong password,
     /// a missing database or a TLS mismatch comes back as the server's error; else through the
-    /// client.
+    /// client. Then prepares the tables (created once; their owner checked): a table another role
+    /// owns comes back as `PostgresSchema.ForeignOwner`.
     public func probe() async throws {
-        guard let probing else {
+        if let probing {
+            let connection = try await PostgresConnection.connect(configuration: probing, id: 0, logger: logger)
+            do {
+                for try await _ in try await connection.query("SELECT 1", logger: logger) {}
+            } catch {
+                try? await connection.close()
+                throw error
+            }
+            try await connection.close()
+        } else {
             for try await _ in try await client.query("SELECT 1", logger: logger) {}
-            return
         }
-        let connection = try await PostgresConnection.connect(configuration: probing, id: 0, logger: logger)
-        do {
-            for try await _ in try await connection.query("SELECT 1", logger: logger) {}
-        } catch {
-            try? await connection.close()
-            throw error
-        }
-        try await connection.close()
+        try await prepare()
+        for prepare in preparing { try await prepare() }
     }
 
     /// Creates the table once per process (tried again after a failure).

@@ -60,8 +60,12 @@ if let postgres = settings.postgres {
     let postgresBus = try PostgresInvalidationBus(
         client: client, listening: try postgres.connection(), channel: settings.invalidationChannel,
         authenticator: authenticator, logger: logger)
-    tenantStore = PostgresTenantStore(client: client, logger: logger, probing: try postgres.connection())
     if settings.secondLevel { secondLevel = PostgresSecondLevel(client: client, logger: logger) }
+    // The readiness probe, at start and then periodically, also checks that the service's role owns
+    // its tables: another role's make it not ready, with the reason.
+    tenantStore = PostgresTenantStore(
+        client: client, logger: logger, probing: try postgres.connection(),
+        preparing: secondLevel.map { level in [{ try await level.prepare() }] } ?? [])
     bus = postgresBus
     services += [client, postgresBus]
 }

@@ -490,6 +490,18 @@ extension RealServerTests {
                         #expect(error.objects.allSatisfy { $0.owner == roles.otherName })
                         print("tables another role created first: \(error)")
                     }
+                    // The service's readiness probe prepares them at start: not ready, with the reason.
+                    let store = BoundedTenantStore(
+                        PostgresTenantStore(
+                            client: client, logger: quietLogger, preparing: [{ try await level.prepare() }]),
+                        timeout: .seconds(10))
+                    do {
+                        try await store.probe()
+                        Issue.record("the probe passed with tables another role owns")
+                    } catch let error as TenantStoreUnavailable {
+                        #expect(error.reason.hasPrefix("refusing to use public.async_state_"), "\(error)")
+                        #expect(error.reason.contains("owned by \(roles.otherName)"), "\(error)")
+                    }
                 }
             }
         }
