@@ -262,9 +262,11 @@ extension RealServerTests {
         }
 
         /// As the service's own login without the secret would: a well-formed entry with a version of
-        /// `Int64.max` (which would make replicas ignore every later change) is never served, is
-        /// counted, and does not stop the next write.
-        @Test func aPlantedVersionIsNeverServedAndDoesNotBlockTheNextWrite() async throws {
+        /// `Int64.max` (which would make replicas ignore every later change), and one dated an hour
+        /// ahead (fresh for its whole life from a date not yet come), are each never served, are
+        /// counted, and do not stop the next write.
+        @Test(arguments: ["version Int64.max", "success date an hour ahead"])
+        func aPlantedEntryIsNeverServedAndDoesNotBlockTheNextWrite(planting: String) async throws {
             try await withClient { client in
                 let level = PostgresSecondLevel(client: client, logger: quietLogger)
                 let namespace = String(uniquePrefix("planted").dropLast())
@@ -273,26 +275,27 @@ extension RealServerTests {
                     secondLevel: AsyncStateSecondLevelOptions(
                         level: level, namespace: namespace, codec: .json, timeout: .seconds(5)))
                 let key = "\(namespace):k"
-                _ = try await level.invalidate(key)
-                // The planted entry decodes (a real envelope), is fresh for an hour, and claims the
-                // greatest version.
+                let inRange = try await level.invalidate(key)
+                // The planted entry decodes (a real envelope) and is fresh for two hours.
                 let now = Date()
+                let future = planting == "version Int64.max" ? now : now.addingTimeInterval(3_600)
+                let version = planting == "version Int64.max" ? Int64.max : Int64(inRange)
                 let planted = try AsyncStateCodec<Int>.json.encode(666)
                 try await client.query(
                     """
                     UPDATE async_state_entries SET payload = \(ByteBuffer(bytes: planted)),
-                        succeeded_at = \(now.timeIntervalSinceReferenceDate),
-                        fresh_until = \(now.addingTimeInterval(3_600).timeIntervalSinceReferenceDate),
-                        version = \(Int64.max) WHERE key = \(key)
+                        succeeded_at = \(future.timeIntervalSinceReferenceDate),
+                        fresh_until = \(now.addingTimeInterval(7_200).timeIntervalSinceReferenceDate),
+                        version = \(version) WHERE key = \(key)
                     """, logger: quietLogger)
                 let value = try await family.value(for: "k") { _ in 42 }
                 #expect(value == 42)
                 #expect(family.secondLevelStatistics?.undecodable == 1)
                 let entry = try #require(try await level.read(key))
                 #expect(try AsyncStateCodec<Int>.json.decode(entry.payload) == 42)
-                #expect(entry.version < UInt64(Int64.max))
+                #expect(entry.version < UInt64(Int64.max) && entry.version > inRange)
                 print(
-                    "a planted entry at version Int64.max: not served (\(value) from the source), "
+                    "a planted entry (\(planting)): not served (\(value) from the source), "
                         + "counted (undecodable \(family.secondLevelStatistics?.undecodable ?? 0)), "
                         + "replaced by the next write (version \(entry.version))")
             }
