@@ -114,6 +114,59 @@ import Testing
         await #expect(throws: SourceDown.self) { try await stale.value }
     }
 
+    /// A source that hangs until the attempt's own timeout ends it (the source is down, its calls
+    /// never answer): a replica with nothing of its own answers the second level's entry, as it
+    /// does when the source fails — the entry it read before the call is the flight's fallback
+    /// however the flight ends. So does a single state. Past the maximum stale age, the timeout.
+    @Test func aSourceThatTimesOutFallsBackOnTheSecondLevelToo() async throws {
+        let clock = VirtualClock()
+        let level = InMemorySecondLevel(clock: clock)
+        let hangs = LockedValue(false)
+        let source: @Sendable (Int) async throws -> Int = { key in
+            if hangs.withLock({ $0 }) { try await clock.sleep(for: .seconds(3_600)) }
+            return key * 10
+        }
+        func replica() -> AsyncStateFamily<Int, Int> {
+            AsyncStateFamily<Int, Int>(
+                expiry: .seconds(60), clock: clock, retry: .exponential(maxAttempts: 2, initial: .seconds(1)),
+                timeout: .seconds(2), maxStaleAge: .seconds(600),
+                secondLevel: AsyncStateSecondLevelOptions(level: level.replica(), namespace: "hangs", codec: .json))
+        }
+        #expect(try await replica().value(for: 5, source) == 50)
+        hangs.withLock { $0 = true }
+        await clock.advance(to: .init(offset: .seconds(300)))
+        let late = replica()
+        let outage = clock.task { try await late.value(for: 5, source) }
+        // Two attempts of 2 s each, a second apart: the flight fails for good at 5 s.
+        await clock.advance(by: .seconds(5))
+        #expect(try await outage.value == 50)
+        let snapshot = try #require(late.snapshot(for: 5))
+        #expect(snapshot.value == 50 && snapshot.isExpired)
+        guard case .failure(let error) = snapshot.phase, case .timedOut? = error as? AsyncStateError else {
+            Issue.record("the phase is \(snapshot.phase), not the timeout")
+            return
+        }
+
+        let state = AsyncState<Int>(
+            wrappedValue: 0, expiry: .seconds(60), clock: clock, timeout: .seconds(2), maxStaleAge: .seconds(600),
+            secondLevel: AsyncStateSecondLevelOptions(level: level.replica(), namespace: "hangs-state", codec: .json))
+        level.overwrite(
+            AsyncStateStoredEntry(
+                payload: try AsyncStateCodec<Int>.json.encode(7), succeededAt: clock.startDate + 200,
+                freshUntil: clock.startDate + 260, version: 1),
+            for: "hangs-state:")
+        let single = clock.task { try await state.value { try await source(0) } }
+        await clock.advance(by: .seconds(2))
+        #expect(try await single.value == 7)
+
+        // Ten minutes after the entry's source answered, it is too old: the timeout.
+        await clock.advance(to: .init(offset: .seconds(601)))
+        let tooLate = replica()
+        let stale = clock.task { try await tooLate.value(for: 5, source) }
+        await clock.advance(by: .seconds(5))
+        await #expect(throws: AsyncStateError.self) { try await stale.value }
+    }
+
     /// A replica whose own value is younger than the second level's keeps its own; one that heard of
     /// an invalidation newer than the entry does not take the entry back (versions decide).
     @Test func theFallbackNeverReplacesAYoungerValueNorUndoesAnInvalidation() async throws {

@@ -75,11 +75,9 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     }
 
     /// What a load's reads of the second level found: the version the last one found (0: no entry;
-    /// `nil` before a read), and the newest entry it may take that decoded but is not fresh — what
-    /// fail-safe may answer if the source fails (``AttemptResult/failed(_:fallback:_:)``).
+    /// `nil` before a read).
     struct Reading {
         var seen: UInt64?
-        var stale: (value: Value, entry: AsyncStateStoredEntry)?
     }
 
     /// One load: its key, what its attempt read of the state, and whom to tell.
@@ -109,26 +107,7 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         } catch let fault as Fault {
             note(.fault(error: fault.error), load)
             try Task.checkCancellation()  // a call ended by this load's cancellation: no source call
-            return try await fallingBack(on: reading, source, stored: stored)
-        }
-    }
-
-    /// What `source` answers; if it fails (other than by cancellation) after a read found an entry
-    /// the load may take that is not fresh, that entry as a fallback with the failure: the machine
-    /// decides whether fail-safe answers it (``FetchStateMachine/takesFallback(_:at:)``).
-    private func fallingBack<StoreValue>(
-        on reading: Reading, _ source: @Sendable () async throws -> AttemptResult<StoreValue>,
-        stored: @Sendable (Value) -> StoreValue
-    ) async throws -> AttemptResult<StoreValue> {
-        do {
             return try await source()
-        } catch {
-            guard let stale = reading.stale, !(error is CancellationError) else { throw error }
-            let age = Duration.clamped(seconds: clock.date().timeIntervalSince(stale.entry.succeededAt))
-            return .failed(
-                error, fallback: stored(stale.value),
-                RemoteArrival(
-                    age: max(age, .zero), lifetime: .zero, date: stale.entry.succeededAt, version: stale.entry.version))
         }
     }
 
@@ -171,7 +150,7 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
                 }
                 if clock.now() >= giveUpAt {
                     note(.waitRanOut, load)
-                    return try await fallingBack(on: reading, source, stored: stored)
+                    return try await source()
                 }
             }
         }
@@ -199,7 +178,7 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             }
         }
         if readsAgain, let fresh = try await freshEntry(load, reading: &reading, stored: stored) { return fresh }
-        let answer = try await fallingBack(on: reading, source, stored: stored)
+        let answer = try await source()
         guard case .value(let answered) = answer, let value = unwrap(answered) else {
             note(.loaded(version: nil), load)
             return answer
@@ -278,8 +257,8 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
     /// The key's entry as an answer, if the second level holds one that decodes and that the load's
     /// input may take fresh (the machine's rules: ``AttemptInput/mayTake(version:succeededAt:)``,
     /// ``AttemptInput/arrival(succeededAt:freshUntil:version:lifetime:at:)``). The read's version goes
-    /// to `reading` (0: no entry), and an entry it may take that is not fresh is kept there as the
-    /// load's fallback.
+    /// to `reading` (0: no entry), and an entry it may take that is not fresh is offered to the
+    /// flight as its fail-safe fallback (``AttemptInput/offerFallback``).
     private func freshEntry<StoreValue>(
         _ load: Load<StoreValue>, reading: inout Reading, stored: @Sendable (Value) -> StoreValue
     ) async throws -> AttemptResult<StoreValue>? {
@@ -311,7 +290,13 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
                 succeededAt: entry.succeededAt, freshUntil: entry.freshUntil, version: entry.version,
                 lifetime: lifetime(value), at: date)
         else {
-            reading.stale = (value, entry)
+            // Not fresh, but one the load may take: the flight keeps it as what fail-safe may answer
+            // if it fails for good, by its source's failure or its own timeout
+            // (``FetchStateMachine/takesFallback(_:at:)``).
+            let age = Duration.clamped(seconds: date.timeIntervalSince(entry.succeededAt))
+            load.input.offerFallback?(
+                stored(value),
+                RemoteArrival(age: max(age, .zero), lifetime: .zero, date: entry.succeededAt, version: entry.version))
             return nil
         }
         note(.hit(version: entry.version), load)

@@ -42,6 +42,16 @@ extension AsyncStateStore {
         }
     }
 
+    /// An attempt's operation read a value from a second level that is not fresh: the flight keeps
+    /// it as its fail-safe fallback.
+    @inlinable func fallbackOffered(
+        _ flight: Machine.FlightID, _ attempt: Machine.AttemptID, _ value: Value, _ arrival: RemoteArrival
+    ) {
+        core.withLock { core in
+            core.machine.fallbackOffered(flight, attempt: attempt, value: value, arrival: arrival, now: clock.now())
+        }
+    }
+
     /// An attempt's timeout fired: the attempt is abandoned (cancelled, its late result dropped).
     @inlinable func attemptTimedOut(_ flight: Machine.FlightID, _ attempt: Machine.AttemptID) {
         withCore { core, effects in

@@ -121,7 +121,8 @@ extension AsyncStateStore {
                 await run(marked: marked, flight: flight, id: id) { .success(try await operation()) }
             }
         case .reading(let operation):
-            let input = attempt.input
+            var input = attempt.input
+            input.offerFallback = { [weak self] value, arrival in self?.fallbackOffered(flight, id, value, arrival) }
             if immediate {
                 return Task.immediate(executorPreference: executor) { [self] in
                     await run(marked: marked, flight: flight, id: id) { Machine.Outcome(try await operation(input)) }

@@ -42,6 +42,12 @@ struct AttemptInput<Value: Sendable>: Sendable {
     /// When the attempt's timeout ends it (on the store's clock); `nil` for never. What it waits for
     /// on the way to its source must leave it time (``waitEnds(from:maximumWait:)``).
     @usableFromInline var timeoutAt: Duration?
+    /// Gives the attempt's flight a value a second level holds that is not fresh, as old as the
+    /// arrival says: what fail-safe may answer if the flight fails for good — however it fails,
+    /// also by the attempt's own timeout, which ends the operation before it could answer
+    /// (``FetchStateMachine/fallbackOffered(_:attempt:value:arrival:now:)``). Set by the shell for
+    /// an operation that reads (`nil` in the machine's own copy).
+    @usableFromInline var offerFallback: (@Sendable (Value, RemoteArrival) -> Void)?
 
     @inlinable
     init(previous: Value?, lastSuccess: Date?, version: UInt64, readsTheSource: Bool, timeoutAt: Duration?) {
@@ -49,6 +55,7 @@ struct AttemptInput<Value: Sendable>: Sendable {
             previous, lastSuccess, version, readsTheSource
         )
         self.timeoutAt = timeoutAt
+        offerFallback = nil
     }
 
     /// When a wait for another's load that starts at `now` gives up (a second-level lease that
@@ -74,11 +81,6 @@ enum AttemptResult<Value: Sendable>: Sendable {
     /// A value another replica fetched, taken from a second level, as old, as fresh and at the version
     /// that `arrival` says (see ``AttemptInput/arrival(of:lifetime:at:)``).
     case arrived(Value, RemoteArrival)
-    /// The source failed with the error, and a second level holds `fallback`, a value another replica
-    /// fetched, as old as `arrival` says (at the failure; its lifetime is zero: it is not fresh):
-    /// what fail-safe may answer if the flight fails for good and the state holds nothing younger
-    /// (``FetchStateMachine/settleFailed(_:now:)``).
-    case failed(any Error, fallback: Value, RemoteArrival)
 }
 
 /// How old a value from a second level is, how long it stays fresh, and its version (see

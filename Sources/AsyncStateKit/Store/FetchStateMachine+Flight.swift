@@ -27,12 +27,21 @@ extension FetchStateMachine {
             return settleSucceeded(with: newValue, now: now, date: arrival.date, outcome: .succeeded, arrival: arrival)
         case .failure(let error):
             return attemptFailed(error, now: now)
-        case .failedWithFallback(let error, let value, let arrival):
-            mutateFlight { $0.fallback = Fallback(value, arrival: arrival, now: now) }
-            return attemptFailed(error, now: now)
         case .cancelled:
             return settleCancelled(now: now)
         }
+    }
+
+    /// Attempt `attempt` of flight `id` read `value` from a second level, not fresh, as old as
+    /// `arrival` says: the flight keeps it as its fallback, which fail-safe may answer if the flight
+    /// fails for good — by its source's failure or by its attempt's timeout alike
+    /// (``settleFailed(_:now:)``, ``takesFallback(_:at:)``). An offer from an attempt that is not the
+    /// flight's current one changes nothing.
+    @inlinable mutating func fallbackOffered(
+        _ id: FlightID, attempt: AttemptID, value: Value, arrival: RemoteArrival, now: Duration
+    ) {
+        guard flightBox?.flight.id == id, case .running(attempt)? = flightBox?.flight.stage else { return }
+        mutateFlight { $0.fallback = Fallback(value, arrival: arrival, now: now) }
     }
 
     /// The current attempt of flight `id` ran past its timeout: it is abandoned (its task is cancelled,
@@ -263,8 +272,8 @@ extension FetchStateMachine {
 
     /// The flight failed for good with `error` at `now`. Fail-safe: its waiters get the last good value
     /// instead while it is young enough — not those of an append, whose caller asked for more than
-    /// that value. A value a second level held when the source failed (the flight's fallback) is
-    /// that last good value if the state holds none as young (``takesFallback(_:at:)``).
+    /// that value. A value a second level held, not fresh, when an attempt read it (the flight's
+    /// fallback) is that last good value if the state holds none as young (``takesFallback(_:at:)``).
     @inlinable mutating func settleFailed(_ error: any Error, now: Duration) -> FlightAction {
         let kind = flightBox!.flight.kind
         if kind != .append, let fallback = flightBox!.flight.fallback, takesFallback(fallback, at: now) {

@@ -112,8 +112,8 @@ extension FetchStateMachine {
         @usableFromInline var random: SplitMix64
         /// The shell's handles of the running attempt and of the pending timer.
         @usableFromInline var handles: Handles
-        /// What a second level held when an attempt's source failed: what fail-safe may answer if
-        /// the flight fails for good (``AttemptResult/failed(_:fallback:_:)``).
+        /// What a second level held, not fresh, when an attempt read it: what fail-safe may answer
+        /// if the flight fails for good (``FetchStateMachine/fallbackOffered(_:attempt:value:arrival:now:)``).
         @usableFromInline var fallback: Fallback?
 
         @inlinable
@@ -175,9 +175,6 @@ extension FetchStateMachine {
         /// It answered with a value another replica fetched (read from a second level): a success
         /// dated as that fetch was, as old and with as much freshness left as `arrival` says.
         case arrived(Value, RemoteArrival)
-        /// Its source failed (an error other than `CancellationError`), and a second level held a
-        /// value another replica fetched, as old as `arrival` says.
-        case failedWithFallback(any Error, Value, RemoteArrival)
 
         /// What an attempt that answered `result` ended with.
         @inlinable init(_ result: AttemptResult<Value>) {
@@ -185,7 +182,6 @@ extension FetchStateMachine {
             case .value(let value): self = .success(value)
             case .notModified: self = .notModified
             case .arrived(let value, let arrival): self = .arrived(value, arrival)
-            case .failed(let error, let value, let arrival): self = .failedWithFallback(error, value, arrival)
             }
         }
     }
@@ -345,8 +341,8 @@ extension FetchStateMachine {
     }
 
     /// A flight's ``Flight/fallback``: a value another replica fetched, which a second level held
-    /// when the source failed, received (on the store's clock) at `receivedAt` — its source's answer,
-    /// `arrival.age` before the failure. Boxed: a flight without one is no larger.
+    /// (not fresh) when an attempt read it, received (on the store's clock) at `receivedAt` — its
+    /// source's answer, `arrival.age` before the read. Boxed: a flight without one is no larger.
     @usableFromInline
     final class Fallback {
         @usableFromInline let value: Value
