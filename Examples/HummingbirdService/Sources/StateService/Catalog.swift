@@ -119,7 +119,8 @@ public final class Catalog: Sendable {
             secondLevel: secondLevel.map {
                 AsyncStateSecondLevelOptions(
                     level: $0, namespace: Self.tenantsTopic, codec: .json(tag: "TenantConfig"),
-                    timeout: settings.secondLevelTimeout, authenticator: entryAuthenticator)
+                    timeout: settings.secondLevelTimeout,
+                    writesInBackground: settings.secondLevelWritesInBackground, authenticator: entryAuthenticator)
             })
         invalidator = bus.map {
             AsyncStateInvalidator(

@@ -40,6 +40,7 @@ import PostgresNIO
 /// | `SECOND_LEVEL` | on | With `POSTGRES_URL`: `on` shares the tenants the replicas load in PostgreSQL (`PostgresSecondLevel`), so that the fleet costs the tenant store one read per change; `off`: each replica reads its own. |
 /// | `STORE_TIMEOUT` | 2 | The longest one call to the tenant store may take (a read, a write, the readiness probe): past it the caller gets 503 with a message naming what is unreachable, and a request never outlasts it by much. |
 /// | `STORE_PROBE_EVERY` | 5 | How often the readiness probe asks the tenant store for a row (`/ready` is 503, with the reason, while it fails). |
+/// | `SECOND_LEVEL_WRITES` | foreground | `background`: a replica that loaded a tenant answers as soon as the tenant store does, and writes it to the second level afterwards (`AsyncStateSecondLevelOptions.writesInBackground`: safe here, where every replica hears invalidations); `foreground`: after the write. |
 /// | `SECOND_LEVEL_TIMEOUT` | 0.25 | The longest one call to the second level may take before the load goes to the tenant store instead (and the second level is skipped for a backoff). |
 /// | `INVALIDATE_ALL_INTERVAL` | 1 | The shortest time between two invalidations of every tenant caused by messages (more are coalesced). |
 ///
@@ -82,6 +83,8 @@ public struct Settings: Sendable, Equatable {
     public var invalidateAllInterval = Duration.seconds(1)
     /// Whether tenants go through a second level in PostgreSQL (with ``postgres`` only).
     public var secondLevel = true
+    /// Whether a replica answers a miss before its second-level write (`SECOND_LEVEL_WRITES=background`).
+    public var secondLevelWritesInBackground = false
     /// The longest one call to the second level may take.
     public var secondLevelTimeout = Duration.milliseconds(250)
     /// The longest one call to the tenant store may take.
@@ -167,6 +170,15 @@ public struct Settings: Sendable, Equatable {
             case "on": secondLevel = true
             case "off": secondLevel = false
             default: throw SettingsError(variable: "SECOND_LEVEL", value: level, expected: "on or off")
+            }
+        }
+        if let writes = read.string("SECOND_LEVEL_WRITES") {
+            switch writes.lowercased() {
+            case "foreground": secondLevelWritesInBackground = false
+            case "background": secondLevelWritesInBackground = true
+            default:
+                throw SettingsError(
+                    variable: "SECOND_LEVEL_WRITES", value: writes, expected: "foreground or background")
             }
         }
         secondLevelTimeout = try read.seconds("SECOND_LEVEL_TIMEOUT") ?? secondLevelTimeout

@@ -91,7 +91,8 @@ logger.info(
         "store":
             "\(settings.postgres.map { "postgres \($0.host):\($0.port)/\($0.database) as \($0.username)" } ?? "memory")",
         "sslmode": "\(settings.postgres.map(\.sslMode.rawValue) ?? "n/a")",
-        "second_level": "\(settings.postgres != nil && settings.secondLevel ? "on, entries sealed" : "off")",
+        "second_level":
+            "\(settings.postgres != nil && settings.secondLevel ? "on, entries sealed, writes \(settings.secondLevelWritesInBackground ? "in the background" : "before the answer")" : "off")",
         "invalidation":
             "\(settings.postgres != nil ? "postgres channel \(settings.invalidationChannel), signed" : "none")",
         "writes": "\(settings.writeToken != nil ? "enabled" : "disabled (no WRITE_TOKEN)")",

@@ -52,6 +52,8 @@ import Testing
         #expect(settings.secondLevelTimeout == .milliseconds(250) && settings.tenantReadLatency == .zero)
         #expect(try Settings(environment: ["TENANT_READ_LATENCY": "0.2"]).tenantReadLatency == .milliseconds(200))
         #expect(try Settings(environment: ["SECOND_LEVEL_TIMEOUT": "2"]).secondLevelTimeout == .seconds(2))
+        #expect(!settings.secondLevelWritesInBackground)  // after the write, by default
+        #expect(try Settings(environment: ["SECOND_LEVEL_WRITES": "Background"]).secondLevelWritesInBackground)
         let postgres = try #require(settings.postgres)
         #expect(postgres.host == "db.internal")
         #expect(postgres.port == 6543)
@@ -72,7 +74,7 @@ import Testing
         ("INVALIDATION_CHANNEL", "Tenants"), ("INVALIDATION_CHANNEL", "a\"; DROP TABLE x; --"),
         ("MAX_STALE_AGE", "-1"), ("SOFT_TIMEOUT", "x"), ("UPSTREAM_OUTAGE", "5,10,10"),
         ("UPSTREAM_OUTAGE", "5,,10,1"), ("UPSTREAM_OUTAGE", "5,10,10,-1"), ("UPSTREAM_OUTAGE", "1,2,3,4,5"),
-        ("SECOND_LEVEL", "yes"), ("SECOND_LEVEL_TIMEOUT", "0"),
+        ("SECOND_LEVEL", "yes"), ("SECOND_LEVEL_TIMEOUT", "0"), ("SECOND_LEVEL_WRITES", "later"),
     ])
     func aMalformedVariableIsAnErrorThatNamesIt(variable: String, value: String) {
         do {
