@@ -8,7 +8,7 @@ import Foundation
 /// faults — of the second level (an outage, latency past its timeout, a partition of one replica, a
 /// lost lease, garbage in an entry), of the bus (a replica disconnected, a sender whose publications
 /// are refused, duplicated and delayed — so reordered — deliveries), of the source (down), restarts
-/// and clock jumps. After every step it checks the fleet's promises (``Promise``); every few steps,
+/// (cold, or warm from the family's archive) and clock jumps. After every step it checks the fleet's promises (``Promise``); every few steps,
 /// and at the end, it heals every fault, waits out the recovery bound, and checks that the fleet has
 /// converged.
 ///
@@ -28,7 +28,9 @@ final class FleetSimulation: @unchecked Sendable {
         /// serves the latest change.
         case converges
         /// A quiet round (every fault healed) costs the source at most one call per key, however
-        /// many replicas read it.
+        /// many replicas read it; and the whole run costs at most ``SourceCallBudget/bound``: its
+        /// fallbacks and loads during faults, and away from faults one load per key and period, and
+        /// per trigger (a change, a reconnection, a lost lease or garbage).
         case sourceCalls
         /// Every read returns within the family's timeout; every announcement within two
         /// second-level timeouts (a put, a mark) and a margin.
@@ -53,6 +55,9 @@ final class FleetSimulation: @unchecked Sendable {
         /// The queue check told a capacity of 1 while the invalidator keeps 3: shows that the check
         /// measures the queue (``Promise/queues``).
         case queueCheckedTooTight
+        /// The run's source-call bound without the reads that overlapped a fault: shows that the
+        /// whole-run check counts the calls (``Promise/sourceCalls``).
+        case budgetWithoutFaults
     }
 
     /// What a run found.
@@ -63,6 +68,9 @@ final class FleetSimulation: @unchecked Sendable {
         var reads = 0
         var quietRounds = 0
         var sourceCalls = 0
+        /// The run's source-call bound (``SourceCallBudget/bound``).
+        var sourceCallBound = 0
+        var warmRestarts = 0
         var violations: [(Promise, String)] = []
         var schedule: [String] = []
     }
@@ -88,6 +96,47 @@ final class FleetSimulation: @unchecked Sendable {
     private let changing = LockedValue<Set<Int>>([])
     private var expiryBoundSinceQuiet = false
     private var faults = Faults()
+    private var budget = SourceCallBudget()
+    /// When the faults in force began (`nil`: none in force).
+    private var faultsSince: Duration?
+    /// The replicas' calls of the source, as their second level reported them: loads as a lease's
+    /// holder (by key and time), and fallbacks (a fault, a skipped second level, a wait that ran
+    /// out).
+    private let sourceCallsSeen = LockedValue<(loads: [(key: Int, at: Duration)], fallbacks: Int)>(([], 0))
+
+    /// What the whole run may cost the source, as a formula of what happened in it. Each call is a
+    /// flight's, and each flight's call is reported by its second level (a family without retries,
+    /// on a second level): a load as the lease's holder, or a fallback — the second level failed,
+    /// was skipped after a fault, or a wait for another's load ran out — which only faults cause.
+    /// Loads that overlapped a fault (or the recovery bound after it) are counted as they come. Away
+    /// from faults, a key is loaded only when the second level has no fresh entry a replica may
+    /// take: after a trigger — a change of the key (announced, written, or not), a bus
+    /// reconnection (the replica refuses the entry it held before: one load per key), a lost lease
+    /// or garbage (one load per replica at most) — or when the entry the last load wrote has
+    /// expired, a lifetime less the jitter later. Two loads of a key with no trigger between them
+    /// are so at least that far apart, and began at least that less the timeout apart: in
+    /// different periods of that length. So the run costs at most: its fallbacks, its loads in
+    /// faults, and away from faults, per key, the periods in which it was loaded plus its triggers.
+    /// Fleet-wide single flight is what keeps two replicas' loads of a key apart: without leases,
+    /// replicas that miss together load together, in one period, and the bound breaks.
+    struct SourceCallBudget {
+        var changes = 0
+        var reconnections = 0
+        var replicas = 0
+        var keys = 0
+        var lostEntries = 0
+        var fallbacks = 0
+        /// Periods (of a lifetime less the jitter and the timeout) in which a key was loaded away
+        /// from faults, summed over the keys.
+        var loadPeriods = 0
+        /// Fault windows: from a fault to the recovery bound after it ended.
+        var faultWindows: [(start: Duration, end: Duration)] = []
+        var loadsInFaults = 0
+
+        var bound: Int {
+            fallbacks + loadsInFaults + loadPeriods + changes + keys * reconnections + replicas * lostEntries
+        }
+    }
 
     /// The family's and the second level's settings, and the bounds derived from them.
     static let expiry = Duration.seconds(60)
@@ -159,6 +208,7 @@ final class FleetSimulation: @unchecked Sendable {
         await drain()
         for replica in replicas { await replica.stop() }
         await clock.advance(by: .seconds(1))
+        checkSourceCalls()
         return log.withLock { report in
             report.steps = stepCount
             report.sourceCalls = source.calls
@@ -166,7 +216,68 @@ final class FleetSimulation: @unchecked Sendable {
         }
     }
 
-    fileprivate func noteEvent(_ line: String) { note(line) }
+    /// The whole run's source calls against ``SourceCallBudget/bound``.
+    private func checkSourceCalls() {
+        budget.keys = keyCount
+        budget.replicas = replicaCount
+        let period = Self.expiry - expiryJitter - Self.timeout
+        let windows = budget.faultWindows
+        let (loads, fallbacks) = sourceCallsSeen.withLock { $0 }
+        budget.fallbacks = fallbacks
+        var periods = Set<[Int64]>()
+        budget.loadsInFaults = 0
+        for load in loads {
+            // A load began within the timeout before it was reported (a lease wait included).
+            if windows.contains(where: { $0.start <= load.at && load.at - Self.timeout <= $0.end }) {
+                budget.loadsInFaults += 1
+            } else {
+                periods.insert([Int64(load.key), Int64((load.at / period).rounded(.down))])
+            }
+        }
+        budget.loadPeriods = periods.count
+        let calls = source.calls
+        if sabotage == .budgetWithoutFaults { (budget.loadsInFaults, budget.fallbacks) = (0, 0) }
+        log.withLock { $0.sourceCallBound = budget.bound }
+        if calls > budget.bound {
+            violate(
+                .sourceCalls,
+                "the run cost \(calls) source calls, more than \(budget.bound): \(budget.fallbacks) fallbacks + "
+                    + "\(budget.loadsInFaults) loads in faults + \(budget.loadPeriods) periods with loads + "
+                    + "\(budget.changes) changes + \(keyCount) keys × \(budget.reconnections) reconnections + "
+                    + "\(replicaCount) replicas × \(budget.lostEntries) lost entries")
+        }
+    }
+
+    /// Records what a replica's second level reported of a load of `key`: a call of the source.
+    func secondLevelReported(_ event: AsyncStateSecondLevelEvent, key: String?) {
+        guard let key = key.flatMap(Int.init) else { return }
+        let at = clock.now.offset
+        switch event {
+        case .loaded:
+            sourceCallsSeen.withLock { $0.loads.append((key, at)) }
+        case .writeRefused:
+            // With writes in the background a refused write follows its load's `.loaded`.
+            if !writesInBackground { sourceCallsSeen.withLock { $0.loads.append((key, at)) } }
+        case .fault, .skipped, .waitRanOut:
+            sourceCallsSeen.withLock { $0.fallbacks += 1 }
+        default:
+            break
+        }
+    }
+
+    /// Opens a fault window when faults come into force, closes it (a recovery bound later) when
+    /// the last is healed.
+    private func faultsChanged() {
+        let now = clock.now.offset
+        if !faults.isHealed {
+            if faultsSince == nil { faultsSince = now }
+        } else if let since = faultsSince {
+            budget.faultWindows.append((since, now + Self.recoveryBound))
+            faultsSince = nil
+        }
+    }
+
+    func noteEvent(_ line: String) { note(line) }
 
     private func note(_ line: String) {
         let at = clock.now.offset
@@ -217,7 +328,8 @@ final class FleetSimulation: @unchecked Sendable {
         log.withLock { $0.reads += 1 }
         note("read r\(r) k\(k)")
         operation("read r\(r) k\(k)", bound: Self.timeout + .milliseconds(1)) { [source] in
-            guard let value = try? await replica.family.value(for: k, source.operation) else { return }
+            let value = try? await replica.family.value(for: k, source.operation)
+            guard let value else { return }
             replica.served(value, for: k) { served in
                 self.violate(.monotonic, "r\(r) served k\(k) = v\(value) after serving v\(served)")
             }
@@ -227,6 +339,7 @@ final class FleetSimulation: @unchecked Sendable {
     private func change(_ r: Int, _ k: Int, announced: Bool) {
         guard changing.withLock({ $0.insert(k).inserted }) else { return }
         let version = source.change(k)
+        budget.changes += 1
         guard announced else {
             changing.withLock { _ = $0.remove(k) }
             expiryBoundSinceQuiet = true
@@ -246,6 +359,7 @@ final class FleetSimulation: @unchecked Sendable {
     private func write(_ r: Int, _ k: Int) {
         guard changing.withLock({ $0.insert(k).inserted }) else { return }
         let version = source.change(k)
+        budget.changes += 1
         note("write k\(k) = v\(version) through r\(r)")
         let replica = replicas[r]
         replica.announcing.withLock { $0 += 1 }
@@ -263,12 +377,21 @@ final class FleetSimulation: @unchecked Sendable {
         // expiry (the documented bound), as of a change nobody announced.
         let owed = old.invalidator.messagesPending + old.announcing.withLock { $0 }
         if owed > 0 { expiryBoundSinceQuiet = true }
-        note("restart r\(r)\(owed > 0 ? ", losing \(owed) queued or unsent announcements" : "")")
+        // Warm (its families' archive saved at the stop and restored at the start) or cold.
+        let archive = draw(2) == 0 ? old.family.archive : nil
+        note(
+            "restart r\(r)\(archive.map { " warm, \($0.count) keys restored" } ?? " cold")"
+                + "\(owed > 0 ? ", losing \(owed) queued or unsent announcements" : "")")
         await old.stop()
         replicas[r] = await makeReplica(r)
+        if let archive {
+            _ = try? replicas[r].family.restore(archive)
+            log.withLock { $0.warmRestarts += 1 }
+        }
         faults.partitioned.remove(r)
         faults.disconnected.remove(r)
         faults.refusing.remove(r)
+        faultsChanged()
     }
 
     private func fault(_ r: Int, _ k: Int) async {
@@ -292,6 +415,7 @@ final class FleetSimulation: @unchecked Sendable {
             if faults.disconnected.contains(r) {
                 faults.disconnected.remove(r)
                 replicas[r].bus.reconnect()
+                budget.reconnections += 1
                 note("r\(r)'s bus reconnects")
             } else {
                 faults.disconnected.insert(r)
@@ -317,16 +441,26 @@ final class FleetSimulation: @unchecked Sendable {
             note("source \(faults.sourceDown ? "down" : "up")")
         case 8:
             level.loseLease(on: "n:\(k)")
+            lostEntry()
             note("lease on k\(k) lost")
         case 9:
             if var entry = level.entry(for: "n:\(k)") {
                 entry.payload = Array("garbage".utf8)
                 level.overwrite(entry, for: "n:\(k)")
+                lostEntry()
                 note("garbage in k\(k)'s entry (v\(entry.version))")
             }
         default:
             note("nothing")
         }
+        faultsChanged()
+    }
+
+    /// A lost lease or entry: a fault of a moment, and a fault window of a recovery bound.
+    private func lostEntry() {
+        let now = clock.now.offset
+        budget.lostEntries += 1
+        budget.faultWindows.append((now, now + Self.recoveryBound))
     }
 
     // MARK: Checks
@@ -393,12 +527,16 @@ final class FleetSimulation: @unchecked Sendable {
         for (index, replica) in replicas.enumerated() {
             replica.connection.isPartitioned = false
             replica.bus.refusesPublishing = false
-            if faults.disconnected.contains(index) { replica.bus.reconnect() }
+            if faults.disconnected.contains(index) {
+                replica.bus.reconnect()
+                budget.reconnections += 1
+            }
         }
         network.duplicatesDeliveries = false
         network.deliveryDelay = nil
         source.isDown = false
         faults = Faults()
+        faultsChanged()
     }
 
     /// Advances until every operation started has ended (at most a minute of virtual time).
@@ -427,7 +565,7 @@ final class FleetSimulation: @unchecked Sendable {
             onRemoval: { key, _, reason in
                 if reason != .replaced { newest.withLock { _ = $0.removeValue(forKey: key) } }
             },
-            name: "r\(index)", observer: tracesEvents ? EventTrace(simulation: self) : nil,
+            name: "r\(index)", observer: EventTrace(simulation: self, writes: tracesEvents),
             secondLevel: AsyncStateSecondLevelOptions(
                 level: levelView, namespace: "n", codec: .json, timeout: Self.levelTimeout,
                 leaseDuration: .seconds(3), maximumFaultBackoff: Self.maximumFaultBackoff,
@@ -441,166 +579,5 @@ final class FleetSimulation: @unchecked Sendable {
         await clock.advance(by: .zero)
         return Replica(
             family: family, invalidator: invalidator, bus: bus, connection: connection, runner: runner, newest: newest)
-    }
-
-    /// One replica: its family, its invalidator and bus, its connection to the second level, and the
-    /// newest version it served of each key.
-    final class Replica: Sendable {
-        let family: AsyncStateFamily<Int, Int>
-        let invalidator: AsyncStateInvalidator
-        let bus: InMemoryInvalidationNetwork.Bus
-        let connection: InMemorySecondLevel.Replica
-        let runner: Task<Void, any Error>
-        /// Announcements (changes, writes) it has started and not finished: a crash loses them.
-        let announcing = LockedValue(0)
-        private let newest: LockedValue<[Int: Int]>
-
-        init(
-            family: AsyncStateFamily<Int, Int>, invalidator: AsyncStateInvalidator,
-            bus: InMemoryInvalidationNetwork.Bus, connection: InMemorySecondLevel.Replica,
-            runner: Task<Void, any Error>,
-            newest: LockedValue<[Int: Int]>
-        ) {
-            self.newest = newest
-            (self.family, self.invalidator, self.bus, self.connection, self.runner) = (
-                family, invalidator, bus, connection, runner
-            )
-        }
-
-        /// Records that it served `value` for `key`; calls `older` with the newest it served before
-        /// if `value` is older.
-        func served(_ value: Int, for key: Int, older: (Int) -> Void) {
-            let before = newest.withLock { newest -> Int? in
-                defer { newest[key] = max(newest[key] ?? 0, value) }
-                return newest[key]
-            }
-            if let before, value < before { older(before) }
-        }
-
-        func stop() async {
-            runner.cancel()
-            bus.shutDown()
-            connection.isPartitioned = false
-        }
-    }
-
-    /// The source: a version per key, which every change raises; a call answers the current one
-    /// after a latency fixed by the seed, the key and the version.
-    final class Source: Sendable {
-        private let state: LockedValue<(versions: [Int], calls: Int, isDown: Bool)>
-        private let clock: VirtualClock
-        private let seed: UInt64
-        private let hangs: Bool
-
-        init(keys: Int, clock: VirtualClock, seed: UInt64, hangs: Bool) {
-            state = LockedValue((Array(repeating: 1, count: keys), 0, false))
-            (self.clock, self.seed, self.hangs) = (clock, seed, hangs)
-        }
-
-        var calls: Int { state.withLock { $0.calls } }
-        var isDown: Bool {
-            get { state.withLock { $0.isDown } }
-            set { state.withLock { $0.isDown = newValue } }
-        }
-        func version(_ key: Int) -> Int { state.withLock { $0.versions[key] } }
-        func change(_ key: Int) -> Int {
-            state.withLock { state in
-                state.versions[key] += 1
-                return state.versions[key]
-            }
-        }
-
-        var operation: @Sendable (Int) async throws -> Int {
-            { [self] key in
-                let (version, isDown) = state.withLock { state in
-                    state.calls += 1
-                    return (state.versions[key], state.isDown)
-                }
-                var mix = SplitMix64(seed: seed ^ UInt64(key) << 32 ^ UInt64(version))
-                try await clock.sleep(for: .milliseconds(Int64(mix.next() % 100)))
-                if isDown {
-                    if hangs { try await clock.sleep(for: .seconds(10)) }
-                    throw SourceDown()
-                }
-                return version
-            }
-        }
-    }
-}
-
-/// Writes every event of a replica's family into the simulation's schedule.
-private struct EventTrace: AsyncStateObserver {
-    let simulation: FleetSimulation
-    func observe(_ event: AsyncStateEvent) {
-        if case .hit = event.kind { return }
-        simulation.noteEvent("  \(event.name) k\(event.key ?? "-") \(event.kind)")
-    }
-}
-
-/// A second level whose reads sometimes answer an older entry it saw, dated now (sabotage).
-private final class StaleReads: ForwardingSecondLevel {
-    let connection: InMemorySecondLevel.Replica
-    let clock: VirtualClock
-    private let seen = LockedValue<[String: AsyncStateStoredEntry]>([:])
-    private let count = LockedValue(0)
-
-    init(connection: InMemorySecondLevel.Replica, clock: VirtualClock) {
-        (self.connection, self.clock) = (connection, clock)
-    }
-
-    func read(_ key: String) async throws -> AsyncStateStoredEntry? {
-        let entry = try await connection.read(key)
-        let n = count.withLock {
-            $0 += 1
-            return $0
-        }
-        if n % 3 == 0, var old = seen.withLock({ $0[key] }) {
-            let now = clock.startDate.addingTimeInterval(clock.now.offset.timeInterval)
-            (old.succeededAt, old.freshUntil) = (now, now.addingTimeInterval(60))
-            old.version = entry?.version ?? old.version
-            return old
-        }
-        if let entry, !entry.payload.isEmpty { seen.withLock { $0[key] = $0[key] ?? entry } }
-        return entry
-    }
-}
-
-/// A second level that grants every lease request (sabotage): no fleet-wide single flight.
-private struct AlwaysGranted: ForwardingSecondLevel {
-    let connection: InMemorySecondLevel.Replica
-
-    func acquireLease(on key: String, for duration: Duration) async throws -> AsyncStateLease {
-        switch try await connection.acquireLease(on: key, for: duration) {
-        case .acquired(let token, let stored): return .acquired(token: token, storedVersion: stored)
-        case .held: return .acquired(token: 0, storedVersion: nil)
-        }
-    }
-}
-
-/// A second level that passes every call to a replica's connection to an `InMemorySecondLevel`,
-/// for a test to change one of them.
-protocol ForwardingSecondLevel: AsyncStateSecondLevel {
-    var connection: InMemorySecondLevel.Replica { get }
-}
-
-extension ForwardingSecondLevel {
-    func read(_ key: String) async throws -> AsyncStateStoredEntry? { try await connection.read(key) }
-    func write(_ entry: AsyncStateStoredEntry, for key: String) async throws -> Bool {
-        try await connection.write(entry, for: key)
-    }
-    func acquireLease(on key: String, for duration: Duration) async throws -> AsyncStateLease {
-        try await connection.acquireLease(on: key, for: duration)
-    }
-    func releaseLease(on key: String, token: UInt64) async throws {
-        try await connection.releaseLease(on: key, token: token)
-    }
-    func invalidate(_ key: String) async throws -> UInt64 { try await connection.invalidate(key) }
-    func invalidateAll(withPrefix prefix: String) async throws {
-        try await connection.invalidateAll(withPrefix: prefix)
-    }
-    func put(for key: String, entry: @Sendable (_ version: UInt64) throws -> AsyncStateStoredEntry) async throws
-        -> UInt64
-    {
-        try await connection.put(for: key, entry: entry)
     }
 }

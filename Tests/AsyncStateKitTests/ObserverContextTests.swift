@@ -103,7 +103,8 @@ final class ContextLog: AsyncStateObserver {
         final class Owner {}
         let fetch = AsyncStateFetch(reason: .fetch)
         var reusedAnAddress = false
-        for round in 0..<50 {
+        // Many rounds: the annotations' own allocations may take the freed block first in some.
+        for round in 0..<2_000 {
             var owner: Owner? = Owner()
             let address = ObjectIdentifier(owner!)
             fetch.annotate("round \(round)", for: owner!)

@@ -141,8 +141,8 @@ public enum AsyncStateLease: Sendable, Hashable {
 public enum AsyncStateSecondLevelEvent: Sendable {
     /// The load was answered from the second level: another replica's value, at this version.
     case hit(version: UInt64)
-    /// This replica held the key's lease and loaded from its source; its write stored this version
-    /// (`nil`: it could not write it, or the value was not to be kept).
+    /// This replica held the key's lease and called its source; its write stored this version
+    /// (`nil`: it could not write it, the value was not to be kept, or the source failed).
     case loaded(version: UInt64?)
     /// Another replica holds the key's lease: this one waits for its write.
     case waiting

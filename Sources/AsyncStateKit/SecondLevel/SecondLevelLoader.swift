@@ -178,7 +178,15 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             }
         }
         if readsAgain, let fresh = try await freshEntry(load, reading: &reading, stored: stored) { return fresh }
-        let answer = try await source()
+        let answer: AttemptResult<StoreValue>
+        do {
+            answer = try await source()
+        } catch {
+            // It called its source as the holder: reported as every holder's load is, with nothing
+            // written.
+            note(.loaded(version: nil), load)
+            throw error
+        }
         guard case .value(let answered) = answer, let value = unwrap(answered) else {
             note(.loaded(version: nil), load)
             return answer
