@@ -108,6 +108,13 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
     /// What a marker (an invalidated key with no value) stores as its dates.
     private static let never = Date.distantPast.timeIntervalSinceReferenceDate
 
+    /// Whether the version in `column` was planted: beyond what the sequence has handed out, so
+    /// written by hand. The one statement of the rule, in every query that reads or overwrites a
+    /// version (fixed SQL, no input in it).
+    private static func planted(_ column: String) -> String {
+        "\(column) > (SELECT last_value FROM public.async_state_versions)"
+    }
+
     /// A version or token as PostgreSQL's `bigint`, or `nil` beyond it (the sequence never goes there).
     private static func bigint(_ value: UInt64) -> Int64? { Int64(exactly: value) }
 
@@ -136,7 +143,7 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
             SELECT CASE WHEN planted THEN '\\xff'::bytea ELSE payload END,
                 CASE WHEN planted THEN \(Self.never) ELSE succeeded_at END,
                 CASE WHEN planted THEN \(Self.never) ELSE fresh_until END, CASE WHEN planted THEN 0 ELSE version END
-            FROM (SELECT *, version > (SELECT last_value FROM public.async_state_versions) AS planted
+            FROM (SELECT *, \(unescaped: Self.planted("version")) AS planted
                 FROM public.async_state_entries WHERE key = \(key)) AS row
             """,
             logger: logger)
@@ -163,7 +170,7 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
             VALUES (\(key), \(payload), \(succeededAt), \(freshUntil), \(version))
             ON CONFLICT (key) DO UPDATE SET payload = EXCLUDED.payload, succeeded_at = EXCLUDED.succeeded_at,
                 fresh_until = EXCLUDED.fresh_until, version = EXCLUDED.version
-            WHERE e.version < EXCLUDED.version OR e.version > (SELECT last_value FROM public.async_state_versions)
+            WHERE e.version < EXCLUDED.version OR \(unescaped: Self.planted("e.version"))
             RETURNING 1
             """, logger: logger)
         for try await _ in rows.decode(Int.self) { return true }
@@ -187,7 +194,7 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
                     lease_until = clock_timestamp() + make_interval(secs => \(seconds))
                 WHERE e.lease_until IS NULL OR e.lease_until <= clock_timestamp()
                 RETURNING e.lease_token,
-                    CASE WHEN e.version > (SELECT last_value FROM public.async_state_versions) THEN 0 ELSE e.version END)
+                    CASE WHEN \(unescaped: Self.planted("e.version")) THEN 0 ELSE e.version END)
             SELECT lease_token, version, NULL::float8 FROM taken
             UNION ALL
             SELECT NULL::bigint, NULL::bigint, extract(epoch FROM lease_until - clock_timestamp())::float8
@@ -258,7 +265,7 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
             VALUES (\(key), \(payload), \(succeededAt), \(freshUntil), \(drawn))
             ON CONFLICT (key) DO UPDATE SET payload = EXCLUDED.payload, succeeded_at = EXCLUDED.succeeded_at,
                 fresh_until = EXCLUDED.fresh_until, version = EXCLUDED.version, lease_token = NULL, lease_until = NULL
-            WHERE e.version < EXCLUDED.version OR e.version > (SELECT last_value FROM public.async_state_versions)
+            WHERE e.version < EXCLUDED.version OR \(unescaped: Self.planted("e.version"))
             RETURNING 1
             """, logger: logger)
         for try await _ in rows.decode(Int.self) {}
