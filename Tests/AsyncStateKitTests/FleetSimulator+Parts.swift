@@ -95,9 +95,12 @@ extension FleetSimulation {
 /// Tells the simulation what a replica's second level did (its calls of the source), and — if it
 /// `writes` — writes every event of the family into its schedule.
 struct EventTrace: AsyncStateObserver {
-    let simulation: FleetSimulation
+    /// Weak: the simulation holds the families that hold this observer (a run would otherwise never
+    /// be freed, and a long run of seeds would grow by every one).
+    weak var simulation: FleetSimulation?
     let writes: Bool
     func observe(_ event: AsyncStateEvent) {
+        guard let simulation else { return }
         if case .hit = event.kind { return }
         if case .secondLevel(let secondLevel) = event.kind {
             simulation.secondLevelReported(secondLevel, key: event.key)

@@ -112,8 +112,10 @@ final class FleetSimulation: @unchecked Sendable {
     /// from faults, a key is loaded only when the second level has no fresh entry a replica may
     /// take: after a trigger — a change of the key (announced, written, or not), a bus
     /// reconnection (the replica refuses the entry it held before: one load per key), a lost lease
-    /// or garbage (one load per replica at most) — or when the entry the last load wrote has
-    /// expired, a lifetime less the jitter later. Two loads of a key with no trigger between them
+    /// or garbage (one load per replica at most), a key restored by a warm restart (its data may be
+    /// younger than the entry, taken from the source as a fallback during a fault) — or when the
+    /// entry the last load wrote has expired, a lifetime less the jitter later. Two loads of a key
+    /// with no trigger between them
     /// are so at least that far apart, and began at least that less the timeout apart: in
     /// different periods of that length. So the run costs at most: its fallbacks, its loads in
     /// faults, and away from faults, per key, the periods in which it was loaded plus its triggers.
@@ -125,6 +127,10 @@ final class FleetSimulation: @unchecked Sendable {
         var replicas = 0
         var keys = 0
         var lostEntries = 0
+        /// Keys restored by warm restarts: restored data may be younger than the second level's
+        /// entry (a fallback its replica answered during a fault), which it then refuses — one
+        /// load per key restored at most.
+        var restoredKeys = 0
         var fallbacks = 0
         /// Periods (of a lifetime less the jitter and the timeout) in which a key was loaded away
         /// from faults, summed over the keys.
@@ -135,6 +141,7 @@ final class FleetSimulation: @unchecked Sendable {
 
         var bound: Int {
             fallbacks + loadsInFaults + loadPeriods + changes + keys * reconnections + replicas * lostEntries
+                + restoredKeys
         }
     }
 
@@ -244,7 +251,8 @@ final class FleetSimulation: @unchecked Sendable {
                 "the run cost \(calls) source calls, more than \(budget.bound): \(budget.fallbacks) fallbacks + "
                     + "\(budget.loadsInFaults) loads in faults + \(budget.loadPeriods) periods with loads + "
                     + "\(budget.changes) changes + \(keyCount) keys × \(budget.reconnections) reconnections + "
-                    + "\(replicaCount) replicas × \(budget.lostEntries) lost entries")
+                    + "\(replicaCount) replicas × \(budget.lostEntries) lost entries + \(budget.restoredKeys) keys restored"
+            )
         }
     }
 
@@ -385,7 +393,7 @@ final class FleetSimulation: @unchecked Sendable {
         await old.stop()
         replicas[r] = await makeReplica(r)
         if let archive {
-            _ = try? replicas[r].family.restore(archive)
+            budget.restoredKeys += (try? replicas[r].family.restore(archive)) ?? 0
             log.withLock { $0.warmRestarts += 1 }
         }
         faults.partitioned.remove(r)

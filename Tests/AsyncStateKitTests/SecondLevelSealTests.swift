@@ -74,56 +74,80 @@ import Testing
     @Test func aPlantedEntryIsNeverServedAndIsReplaced() async throws {
         let clock = VirtualClock()
         let level = InMemorySecondLevel(clock: clock)
-        let source = KeyedSource(clock: clock)
         let writer = Self.replica(on: level, clock: clock)
-        let loading = clock.task { try await writer.value(for: 6, source.operation) }
-        await clock.advance(by: .seconds(1))
-        #expect(try await loading.value == 61)
-        let real = try #require(level.entry(for: "numbers:6"))
+        // Real sealed entries of keys 6 and 7, to alter; key 8's is the one another key takes.
+        for key in [6, 7, 8] { #expect(try await writer.value(for: key) { $0 * 10 } == key * 10) }
+        let (six, seven, eight) = (
+            try #require(level.entry(for: "numbers:6")), try #require(level.entry(for: "numbers:7")),
+            try #require(level.entry(for: "numbers:8"))
+        )
+        #expect(Self.holds(seven, 70, key: "numbers:7"))
         let envelope = try AsyncStateCodec<Int>.json.encode(99)
         let later = clock.startDate + 3_600
-        let other = EntrySeal.entry(
-            envelope, key: "numbers:7", version: 40, succeededAt: clock.startDate, freshUntil: later,
-            authenticator: Sealer(secrets: [1]))
-        var raised = real
+        let other = try #require(
+            EntrySeal.entry(
+                envelope, key: "numbers:7", version: 40, succeededAt: clock.startDate, freshUntil: later,
+                authenticator: Sealer(secrets: [1])))
+        // Each a real entry of its own key with one thing changed: the seal must cover it.
+        var raised = seven
         raised.version = 1_000
-        var extended = real
+        var extended = six
         extended.freshUntil = later
-        var flipped = real
+        var backdated = six
+        backdated.succeededAt -= 1
+        var flipped = seven
         flipped.payload[flipped.payload.count - 2] ^= 1
-        let forgeries: [(String, AsyncStateStoredEntry)] = [
+        let forgeries: [(String, Int, AsyncStateStoredEntry)] = [
             (
-                "unsealed",
+                "unsealed", 7,
                 AsyncStateStoredEntry(payload: envelope, succeededAt: clock.startDate, freshUntil: later, version: 40)
             ),
-            ("another secret", other), ("another key's", real), ("version raised", raised),
-            ("freshness raised", extended), ("seal altered", flipped),
+            ("another secret", 7, other), ("another key's", 7, eight), ("version raised", 7, raised),
+            ("freshness raised", 6, extended), ("success date changed", 6, backdated), ("seal altered", 7, flipped),
             (
-                "length only",
+                "length only", 7,
                 AsyncStateStoredEntry(
                     payload: envelope + [0], succeededAt: clock.startDate, freshUntil: later, version: 40)
             ),
         ]
-        for (name, forgery) in forgeries {
+        for (name, key, forgery) in forgeries {
             let source = KeyedSource(clock: clock)
-            level.overwrite(forgery, for: "numbers:7")
+            level.overwrite(forgery, for: "numbers:\(key)")
             let log = EventLog()
             let reader = AsyncStateFamily<Int, Int>(
                 expiry: .seconds(120), clock: clock, observer: log,
                 secondLevel: AsyncStateSecondLevelOptions(
                     level: level.replica(), namespace: "numbers", codec: .json, authenticator: Self.fleet))
-            let caller = clock.task { try await reader.value(for: 7, source.operation) }
+            let caller = clock.task { try await reader.value(for: key, source.operation) }
             await clock.advance(by: .seconds(1))
-            #expect(try await caller.value == 71, "\(name)")
+            #expect(try await caller.value == key * 10 + 1, "\(name)")
             #expect(source.calls.count == 1, "\(name)")
             #expect(reader.secondLevelStatistics?.undecodable == 1, "\(name)")
             #expect(
                 log.all.contains { $0.contains("undecodable") && $0.contains("has no valid seal") },
                 "\(name)")
-            let replaced = try #require(level.entry(for: "numbers:7"))
-            #expect(Self.holds(replaced, 71, key: "numbers:7"), "\(name)")
+            let replaced = try #require(level.entry(for: "numbers:\(key)"))
+            #expect(Self.holds(replaced, key * 10 + 1, key: "numbers:\(key)"), "\(name)")
             #expect(replaced.version > forgery.version, "\(name)")
         }
+    }
+
+    /// A sealed entry's dates are down to the millisecond, and the replica that loaded it holds its
+    /// value with that date: after an invalidation that names no version (a bus that reconnected),
+    /// it does not take its own entry back — whichever way the millisecond would round.
+    @Test(arguments: [0.000_3, 0.000_7])
+    func aReplicaDoesNotTakeItsOwnSealedEntryBack(fraction: Double) async throws {
+        let clock = VirtualClock(startDate: Date(timeIntervalSinceReferenceDate: 1_000 + fraction))
+        let level = InMemorySecondLevel(clock: clock)
+        let source = KeyedSource(clock: clock, duration: .zero)
+        let replica = Self.replica(on: level, clock: clock)
+        #expect(try await replica.value(for: 3, source.operation) == 31)
+        let entry = try #require(level.entry(for: "numbers:3"))
+        #expect(entry.succeededAt <= clock.startDate && entry.succeededAt > clock.startDate - 0.001)
+        #expect(replica.snapshot(for: 3)?.lastSuccess == entry.succeededAt)
+        replica.invalidate(3)
+        #expect(try await replica.value(for: 3, source.operation) == 32)
+        #expect(source.calls.count == 2)
     }
 
     /// Fail-safe from the second level takes a sealed entry and never a planted one: a replica with
@@ -134,9 +158,10 @@ import Testing
         let source: @Sendable (Int) async throws -> Int = { _ in throw SourceDown() }
         let stale = clock.startDate - 30
         level.overwrite(
-            EntrySeal.entry(
-                try AsyncStateCodec<Int>.json.encode(50), key: "numbers:5", version: 3, succeededAt: stale,
-                freshUntil: stale + 1, authenticator: Self.fleet),
+            try #require(
+                EntrySeal.entry(
+                    try AsyncStateCodec<Int>.json.encode(50), key: "numbers:5", version: 3, succeededAt: stale,
+                    freshUntil: stale + 1, authenticator: Self.fleet)),
             for: "numbers:5")
         level.overwrite(
             AsyncStateStoredEntry(
@@ -210,20 +235,24 @@ import Testing
         #expect(onBoth.secondLevelStatistics?.undecodable == 1)
     }
 
-    /// The seal covers dates to the millisecond, and a sealed entry's dates are kept to it: a store
-    /// that keeps them to the microsecond (PostgreSQL's `timestamptz`) keeps the seal valid.
+    /// The seal covers dates to the millisecond, and a sealed entry's dates are written on whole
+    /// milliseconds (down, never later): a store that keeps them to the microsecond (a `timestamptz`
+    /// column; the example's table keeps the exact seconds) keeps the seal valid.
     @Test func aStoreThatRoundsDatesToTheMicrosecondKeepsTheSeal() throws {
         let envelope = try AsyncStateCodec<Int>.json.encode(1)
         for offset in [0.0, 0.000_4999, 0.000_5, 0.123_456_789, 1e9 + 0.987_654_321] {
             let date = Date(timeIntervalSince1970: 1.7e9 + offset)
-            var entry = EntrySeal.entry(
-                envelope, key: "k", version: 9, succeededAt: date, freshUntil: date + 60, authenticator: Self.fleet)
+            var entry = try #require(
+                EntrySeal.entry(
+                    envelope, key: "k", version: 9, succeededAt: date, freshUntil: date + 60,
+                    authenticator: Self.fleet))
             let micro: (Date) -> Date = {
                 Date(timeIntervalSince1970: ($0.timeIntervalSince1970 * 1e6).rounded() / 1e6)
             }
             (entry.succeededAt, entry.freshUntil) = (micro(entry.succeededAt), micro(entry.freshUntil))
             #expect(Self.holds(entry, 1, key: "k"), "offset \(offset)")
-            #expect(abs(entry.succeededAt.timeIntervalSince(date)) <= 0.000_5 + 1e-6)
+            let shift = date.timeIntervalSince(entry.succeededAt)
+            #expect(shift >= -1e-6 && shift < 0.001 + 1e-6, "offset \(offset)")
         }
     }
 }

@@ -13,14 +13,16 @@ import Foundation
 ///
 /// What a seal cannot stop: someone with the store's login can delete entries, or put back an older
 /// sealed entry of the same key (its own version and dates) — which a replica that has heard of a
-/// newer version refuses, and which stays fresh no longer than it did when it was written.
+/// newer version refuses, which stays fresh no longer than it did when it was written, and which a
+/// replica that has not may take as a fail-safe fallback while it is younger than `maxStaleAge`.
 ///
 /// The library has no cryptography of its own: implement it with HMAC-SHA256 (swift-crypto's
 /// `HMAC<SHA256>`, as the example service does), under a key used for nothing else (derive it from
 /// the fleet's secret, as the example derives one from the invalidations' secret). To rotate the
 /// secret, seal with the new key and accept a seal by any key the fleet may still use.
 public protocol AsyncStateEntryAuthenticator: Sendable {
-    /// The seal of `content`: at most 255 bytes (HMAC-SHA256's are 32).
+    /// The seal of `content`: 1 to 255 bytes (HMAC-SHA256's are 32). An entry whose seal is of
+    /// another length is not written.
     func seal(_ content: [UInt8]) -> [UInt8]
     /// Whether `seal` is a valid seal of `content`. Compare in constant time.
     func isValid(_ seal: [UInt8], for content: [UInt8]) -> Bool
@@ -44,8 +46,9 @@ public struct AsyncStateSecondLevelUnauthenticatedEntry: Error, Sendable, Hashab
 ///
 /// A sealed payload is the codec's envelope, the seal, and the seal's length in one byte. The
 /// content sealed is a domain tag, then the key's length and bytes, the version, both dates in whole
-/// milliseconds since 1970 (64-bit, big-endian), and the envelope: a store that keeps dates to the
-/// millisecond or better keeps the seal valid.
+/// milliseconds since 1970 (64-bit, big-endian), and the envelope. A sealed entry's dates are
+/// written on whole milliseconds, so a store that keeps dates to the millisecond or better keeps the
+/// seal valid.
 enum EntrySeal {
     /// Tells an entry's content from anything else the same key might sign.
     private static var domain: [UInt8] { Array("async-state entry 1\u{0}".utf8) }
@@ -57,9 +60,14 @@ enum EntrySeal {
         return Int64(max(-9.2e18, min(9.2e18, milliseconds)))
     }
 
-    /// `date` at the millisecond its seal covers.
+    /// `date` down to its millisecond, where a sealed entry's dates are kept: never later than
+    /// `date`, so that a replica's own value — dated as its entry is (a load), or later (a write
+    /// through the invalidator, dated as it lands) — is never older than its entry, whose version
+    /// it knows: it does not take its own value back after an invalidation.
     static func rounded(_ date: Date) -> Date {
-        Date(timeIntervalSince1970: Double(milliseconds(date)) / 1000)
+        let milliseconds = (date.timeIntervalSince1970 * 1000).rounded(.down)
+        guard milliseconds.isFinite, abs(milliseconds) < 9e18 else { return date }
+        return Date(timeIntervalSince1970: milliseconds / 1000)
     }
 
     /// The bytes a seal covers.
@@ -85,11 +93,13 @@ enum EntrySeal {
     }
 
     /// The entry a replica writes for `key`: `envelope` (a codec's), and — with an authenticator —
-    /// sealed, its dates to the millisecond (so that a store that rounds them finer keeps the seal).
+    /// sealed, its dates down to the millisecond (so that a store that keeps them finer keeps the
+    /// seal). `nil` when the authenticator's seal is not 1 to 255 bytes long: nothing is written
+    /// (the entry could never be opened), as for a value that does not encode.
     static func entry(
         _ envelope: [UInt8], key: String, version: UInt64, succeededAt: Date, freshUntil: Date,
         authenticator: (any AsyncStateEntryAuthenticator)?
-    ) -> AsyncStateStoredEntry {
+    ) -> AsyncStateStoredEntry? {
         var (succeededAt, freshUntil) = (succeededAt, freshUntil)
         var payload = envelope
         if let authenticator {
@@ -98,8 +108,9 @@ enum EntrySeal {
                 content(
                     key: key, version: version, succeededAt: succeededAt, freshUntil: freshUntil,
                     envelope: envelope[...]))
-            payload.append(contentsOf: seal.prefix(255))
-            payload.append(UInt8(min(seal.count, 255)))
+            guard (1...255).contains(seal.count) else { return nil }
+            payload.append(contentsOf: seal)
+            payload.append(UInt8(seal.count))
         }
         return AsyncStateStoredEntry(
             payload: payload, succeededAt: succeededAt, freshUntil: freshUntil, version: version)

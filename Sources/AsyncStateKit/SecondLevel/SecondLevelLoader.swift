@@ -193,14 +193,18 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         }
         let date = clock.date()
         let lifetime = Self.jittered(lifetime(value), by: options.expiryJitter, key: key, version: token)
-        guard lifetime > .zero, let envelope = try? options.codec.encode(value) else {
+        guard lifetime > .zero, let envelope = try? options.codec.encode(value),
+            let entry = EntrySeal.entry(
+                envelope, key: key, version: token, succeededAt: date,
+                freshUntil: date.addingTimeInterval(lifetime.timeInterval), authenticator: options.authenticator)
+        else {
             note(.loaded(version: nil), load)
             return answer
         }
-        let entry = EntrySeal.entry(
-            envelope, key: key, version: token, succeededAt: date,
-            freshUntil: date.addingTimeInterval(lifetime.timeInterval), authenticator: options.authenticator)
-        let arrival = RemoteArrival(age: .zero, lifetime: lifetime, date: date, version: token)
+        // Dated as its entry is (a sealed one's date is down to the millisecond): the replica's own
+        // value and its entry are the same, and it does not take the entry back after an
+        // invalidation that names no version (``AttemptInput/mayTake(version:succeededAt:)``).
+        let arrival = RemoteArrival(age: .zero, lifetime: lifetime, date: entry.succeededAt, version: token)
         // Written in a task of its own: once the source has answered, the entry saves the fleet a
         // call even if this load's callers have all left (its cancellation would end the call).
         let write = Task(executorPreference: clock.executor) { [self, options] in
@@ -234,7 +238,8 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
             if let fresh = try? await freshEntry(newer, reading: &reading, stored: stored) { return fresh }
             // The newer version is an invalidation's (no fresh entry): this value is from before the
             // change, and lands expired (the next read loads again).
-            return .arrived(answered, RemoteArrival(age: .zero, lifetime: .zero, date: date, version: token))
+            return .arrived(
+                answered, RemoteArrival(age: .zero, lifetime: .zero, date: entry.succeededAt, version: token))
         case nil:
             note(.loaded(version: nil), load)
             return answer
@@ -336,9 +341,12 @@ final class SecondLevelLoader<Value: Sendable>: Sendable {
         return await Task(executorPreference: clock.executor) { [self, options] in
             try? await bounded {
                 try await options.level.put(for: key) { version in
-                    EntrySeal.entry(
-                        envelope, key: key, version: version, succeededAt: date, freshUntil: freshUntil,
-                        authenticator: options.authenticator)
+                    guard
+                        let entry = EntrySeal.entry(
+                            envelope, key: key, version: version, succeededAt: date, freshUntil: freshUntil,
+                            authenticator: options.authenticator)
+                    else { throw AsyncStateSecondLevelUnauthenticatedEntry(key: key, version: version) }
+                    return entry
                 }
             }
         }.value

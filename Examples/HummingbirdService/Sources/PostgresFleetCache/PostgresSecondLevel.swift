@@ -29,9 +29,10 @@ import PostgresNIO
 /// ```
 ///
 /// - **Every version and every lease token is drawn from one sequence**, inside the statement that
-///   stores it and after the row's lock is taken: a key's versions only grow, every token is greater
-///   than every version stored before it, and an invalidation's version is greater than every
-///   token given before it. The entries are in an UNLOGGED table (no write-ahead log: cheap
+///   stores it and after the row's lock is taken (a write through a replica, `put`, draws its
+///   version first — the entry's seal covers it — and stores it unless a newer one landed since): a
+///   key's versions only grow, every token is greater than every version stored before it, and an
+///   invalidation's version is greater than every token given before it. The entries are in an UNLOGGED table (no write-ahead log: cheap
 ///   writes), which PostgreSQL empties after a crash; the sequence is logged and never goes back,
 ///   so versions never reset, even then: a replica that remembers a version gets a greater one
 ///   from the next load.
@@ -85,19 +86,22 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
                     lease_until timestamptz)
                 """,
                 // The payload's cap (AsyncStateStoredEntry.maximumPayloadBytes: the codec's, and a
-                // seal) held by the table itself, also for a table made by an earlier release (whose
-                // constraint, without room for the seal, is replaced): nobody stores a larger payload.
+                // seal) held by the table itself, also for a table made by an earlier release, whose
+                // constraint of the same name (without room for the seal) is replaced — under the
+                // same name, so that an earlier release starting during a rolling upgrade finds it
+                // and adds no other: nobody stores a larger payload.
                 """
                 DO $$ BEGIN
                     IF EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'async_state_entries_payload_size'
-                        AND conrelid = 'public.async_state_entries'::regclass)
+                        AND conrelid = 'public.async_state_entries'::regclass
+                        AND pg_get_constraintdef(oid) NOT LIKE '%<= \(AsyncStateStoredEntry.maximumPayloadBytes))%')
                     THEN
                         ALTER TABLE public.async_state_entries DROP CONSTRAINT async_state_entries_payload_size;
                     END IF;
-                    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'async_state_entries_payload_bytes'
+                    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'async_state_entries_payload_size'
                         AND conrelid = 'public.async_state_entries'::regclass)
                     THEN
-                        ALTER TABLE public.async_state_entries ADD CONSTRAINT async_state_entries_payload_bytes
+                        ALTER TABLE public.async_state_entries ADD CONSTRAINT async_state_entries_payload_size
                             CHECK (octet_length(payload) <= \(AsyncStateStoredEntry.maximumPayloadBytes));
                     END IF;
                 END $$
@@ -111,7 +115,7 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
     /// Whether the version in `column` was planted: beyond what the sequence has handed out, so
     /// written by hand. The one statement of the rule, in every query that reads or overwrites a
     /// version (fixed SQL, no input in it).
-    private static func planted(_ column: String) -> String {
+    private static func planted(_ column: StaticString) -> String {
         "\(column) > (SELECT last_value FROM public.async_state_versions)"
     }
 
@@ -249,8 +253,9 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
         try await prepare()
         // The version first (the entry's seal covers it), from the sequence: greater than every
         // version stored and every token given so far. Then the value under it, the lease dropped
-        // (a holder that loaded before this write cannot overwrite it) — unless a newer version
-        // landed in between (a lease granted meanwhile, whose holder wrote first), which stays.
+        // if it was given before (a holder that loaded before this write cannot overwrite it; one
+        // given since keeps it) — unless a newer version landed in between (a lease granted
+        // meanwhile, whose holder wrote first), which stays.
         let next = try await client.query("SELECT nextval('public.async_state_versions')", logger: logger)
         var drawn: Int64?
         for try await version in next.decode(Int64.self) { drawn = version }
@@ -264,7 +269,9 @@ public final class PostgresSecondLevel: AsyncStateSecondLevel {
             INSERT INTO public.async_state_entries AS e (key, payload, succeeded_at, fresh_until, version)
             VALUES (\(key), \(payload), \(succeededAt), \(freshUntil), \(drawn))
             ON CONFLICT (key) DO UPDATE SET payload = EXCLUDED.payload, succeeded_at = EXCLUDED.succeeded_at,
-                fresh_until = EXCLUDED.fresh_until, version = EXCLUDED.version, lease_token = NULL, lease_until = NULL
+                fresh_until = EXCLUDED.fresh_until, version = EXCLUDED.version,
+                lease_token = CASE WHEN e.lease_token > EXCLUDED.version THEN e.lease_token END,
+                lease_until = CASE WHEN e.lease_token > EXCLUDED.version THEN e.lease_until END
             WHERE e.version < EXCLUDED.version OR \(unescaped: Self.planted("e.version"))
             RETURNING 1
             """, logger: logger)

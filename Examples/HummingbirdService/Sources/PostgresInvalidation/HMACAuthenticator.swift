@@ -31,7 +31,8 @@ import Foundation
 /// reverse; rotation works as for invalidations.
 public struct HMACAuthenticator: AsyncStateInvalidationAuthenticator, AsyncStateEntryAuthenticator {
     private let keys: [SymmetricKey]
-    /// The keys entries are sealed with: HMAC-SHA256 of a fixed label under each secret.
+    /// The keys entries are sealed with: derived from each secret by HKDF-SHA256 with a label of
+    /// their own.
     private let entryKeys: [SymmetricKey]
 
     /// The shortest secret accepted, in UTF-8 bytes: 32, an HMAC-SHA256 key's length.
@@ -65,8 +66,10 @@ public struct HMACAuthenticator: AsyncStateInvalidationAuthenticator, AsyncState
             throw SecretTooShort(bytes: secret.utf8.count)
         }
         keys = secrets.map { SymmetricKey(data: Data($0.utf8)) }
+        // HKDF with a label of its own: the entries' key is no signature a message could carry.
         entryKeys = keys.map { key in
-            SymmetricKey(data: Data(HMAC<SHA256>.authenticationCode(for: Data("async-state entries".utf8), using: key)))
+            HKDF<SHA256>.deriveKey(
+                inputKeyMaterial: key, info: Data("async-state second-level entries".utf8), outputByteCount: 32)
         }
     }
 

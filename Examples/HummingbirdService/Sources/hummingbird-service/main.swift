@@ -61,8 +61,9 @@ if let postgres = settings.postgres {
         client: client, listening: try postgres.connection(), channel: settings.invalidationChannel,
         authenticator: authenticator, logger: logger)
     if settings.secondLevel { secondLevel = PostgresSecondLevel(client: client, logger: logger) }
-    // The readiness probe, at start and then periodically, also checks that the service's role owns
-    // its tables: another role's make it not ready, with the reason.
+    // The readiness probe also prepares the tables and checks that the service's role owns them,
+    // at start (and at each probe until that succeeds once): another role's make it not ready,
+    // with the reason.
     tenantStore = PostgresTenantStore(
         client: client, logger: logger, probing: try postgres.connection(),
         preparing: secondLevel.map { level in [{ try await level.prepare() }] } ?? [])

@@ -379,6 +379,48 @@ extension RealServerTests {
             }
         }
 
+        /// A table made by the release before sealed entries holds the codec's cap alone: its
+        /// constraint is replaced, under its own name, by one with room for a seal.
+        @Test func anEarlierReleasesPayloadCapIsReplaced() async throws {
+            try await withTwoRoles("cap", otherMayConnect: false) { roles in
+                for statement in [
+                    "CREATE SEQUENCE public.async_state_versions",
+                    """
+                    CREATE UNLOGGED TABLE public.async_state_entries (key text PRIMARY KEY, payload bytea NOT NULL,
+                        succeeded_at float8 NOT NULL, fresh_until float8 NOT NULL, version bigint NOT NULL,
+                        lease_token bigint, lease_until timestamptz)
+                    """,
+                    """
+                    ALTER TABLE public.async_state_entries ADD CONSTRAINT async_state_entries_payload_size
+                        CHECK (octet_length(payload) <= \(AsyncStateCodec<Never>.maximumPayloadBytes))
+                    """,
+                ] {
+                    try await Self.connectAndQuery(roles.service, statement)
+                }
+                try await withClient(roles.service) { client in
+                    let level = PostgresSecondLevel(client: client, logger: quietLogger)
+                    try await level.prepare()
+                    let rows = try await client.query(
+                        """
+                        SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint
+                        WHERE conrelid = 'public.async_state_entries'::regclass AND contype = 'c'
+                        """, logger: quietLogger)
+                    var constraints: [String: String] = [:]
+                    for try await (name, definition) in rows.decode((String, String).self) {
+                        constraints[name] = definition
+                    }
+                    #expect(
+                        constraints == [
+                            "async_state_entries_payload_size":
+                                "CHECK ((octet_length(payload) <= \(AsyncStateStoredEntry.maximumPayloadBytes)))"
+                        ])
+                    var entry = Self.entry("", version: 1)
+                    entry.payload = Array(repeating: 0x61, count: AsyncStateStoredEntry.maximumPayloadBytes)
+                    #expect(try await level.write(entry, for: "tenants:large"))
+                }
+            }
+        }
+
         /// Misses of keys that never get an entry (tenants that do not exist) leave no rows: the
         /// lease's row goes with the lease; one whose holder died goes with the periodic clean-up.
         @Test func missesOfKeysWithoutEntriesLeaveNoRows() async throws {
