@@ -72,7 +72,7 @@ final class RejectionLog: Sendable {
         let pair = Pair()
         try await pair.load(1...2)
         let message = try await pair.sent { try await pair.writer.invalidate("profiles", key: "1") }
-        #expect(message.sender != nil && message.sentAt == AsyncStateInvalidator.milliseconds(pair.clock.date))
+        #expect(message.sender != nil && message.sentAt == pair.clock.date.millisecondsSince1970)
 
         pair.reader.apply(.invalidate(message))
         #expect(pair.isExpired(1) && pair.reader.deliveriesApplied == 1)

@@ -224,7 +224,7 @@ extension AsyncStateInvalidator {
         if let authenticator {
             // Who and when, signed with the rest: a receiver accepts it once, within its window.
             message.sender = senderID
-            message.sentAt = Self.milliseconds(clock.date())
+            message.sentAt = clock.date().millisecondsSince1970
             message.signature = authenticator.signature(for: message.signedContent)
         }
         try await bus.publish(message)

@@ -343,15 +343,8 @@ public final class AsyncStateInvalidator: Sendable {
     ) -> Rejection? {
         guard authenticator.isAuthentic(message), let signature = message.signature else { return .signature }
         guard message.sender != nil, let sentAt = message.sentAt else { return .untimed }
-        let now = Self.milliseconds(clock.date())
+        let now = clock.date().millisecondsSince1970
         return state.withLock { $0.replays.admit(signature: signature, sentAt: sentAt, now: now) }
-    }
-
-    /// `date` in whole milliseconds since 1970, clamped to `Int64`.
-    static func milliseconds(_ date: Date) -> Int64 {
-        let milliseconds = (date.timeIntervalSince1970 * 1_000).rounded()
-        guard milliseconds.isFinite else { return 0 }
-        return milliseconds >= 9.2e18 ? .max : milliseconds <= -9.2e18 ? .min : Int64(milliseconds)
     }
 
     /// The most signatures an invalidator keeps to refuse replays (see ``ReplayGuard``): about 6 MB

@@ -53,13 +53,6 @@ enum EntrySeal {
     /// Tells an entry's content from anything else the same key might sign.
     private static var domain: [UInt8] { Array("async-state entry 1\u{0}".utf8) }
 
-    /// `date` to the nearest millisecond since 1970, the precision an entry's dates are kept in.
-    static func milliseconds(_ date: Date) -> Int64 {
-        let milliseconds = (date.timeIntervalSince1970 * 1000).rounded()
-        guard milliseconds.isFinite else { return milliseconds < 0 ? .min : .max }
-        return Int64(max(-9.2e18, min(9.2e18, milliseconds)))
-    }
-
     /// `date` down to its millisecond, where a sealed entry's dates are kept: never later than
     /// `date`, so that a replica's own value — dated as its entry is (a load), or later (a write
     /// through the invalidator, dated as it lands) — is never older than its entry, whose version
@@ -80,8 +73,8 @@ enum EntrySeal {
         append(UInt64(keyBytes.count), bytes: 4, to: &content)
         content.append(contentsOf: keyBytes)
         append(version, bytes: 8, to: &content)
-        append(UInt64(bitPattern: milliseconds(succeededAt)), bytes: 8, to: &content)
-        append(UInt64(bitPattern: milliseconds(freshUntil)), bytes: 8, to: &content)
+        append(UInt64(bitPattern: succeededAt.millisecondsSince1970), bytes: 8, to: &content)
+        append(UInt64(bitPattern: freshUntil.millisecondsSince1970), bytes: 8, to: &content)
         content.append(contentsOf: envelope)
         return content
     }
