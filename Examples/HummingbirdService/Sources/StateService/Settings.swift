@@ -165,22 +165,10 @@ public struct Settings: Sendable, Equatable {
         }
         invalidateAllInterval =
             try read.seconds("INVALIDATE_ALL_INTERVAL", allowingZero: true) ?? invalidateAllInterval
-        if let level = read.string("SECOND_LEVEL") {
-            switch level.lowercased() {
-            case "on": secondLevel = true
-            case "off": secondLevel = false
-            default: throw SettingsError(variable: "SECOND_LEVEL", value: level, expected: "on or off")
-            }
-        }
-        if let writes = read.string("SECOND_LEVEL_WRITES") {
-            switch writes.lowercased() {
-            case "foreground": secondLevelWritesInBackground = false
-            case "background": secondLevelWritesInBackground = true
-            default:
-                throw SettingsError(
-                    variable: "SECOND_LEVEL_WRITES", value: writes, expected: "foreground or background")
-            }
-        }
+        secondLevel = try read.choice("SECOND_LEVEL", [("on", true), ("off", false)]) ?? secondLevel
+        secondLevelWritesInBackground =
+            try read.choice("SECOND_LEVEL_WRITES", [("foreground", false), ("background", true)])
+            ?? secondLevelWritesInBackground
         secondLevelTimeout = try read.seconds("SECOND_LEVEL_TIMEOUT") ?? secondLevelTimeout
         storeTimeout = try read.seconds("STORE_TIMEOUT") ?? storeTimeout
         storeProbeInterval = try read.seconds("STORE_PROBE_EVERY") ?? storeProbeInterval
@@ -387,6 +375,15 @@ private struct EnvironmentReader {
         guard let text = string(name) else { return nil }
         guard let value = Int(text), range.contains(value) else {
             throw SettingsError(variable: name, value: text, expected: "an integer in \(range)")
+        }
+        return value
+    }
+
+    /// One of `words`, in any case: its value.
+    func choice<Value>(_ name: String, _ words: [(String, Value)]) throws(SettingsError) -> Value? {
+        guard let text = string(name) else { return nil }
+        guard let (_, value) = words.first(where: { $0.0 == text.lowercased() }) else {
+            throw SettingsError(variable: name, value: text, expected: words.map(\.0).joined(separator: " or "))
         }
         return value
     }
