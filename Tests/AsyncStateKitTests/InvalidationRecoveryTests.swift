@@ -1,7 +1,8 @@
-import AsyncStateKit
 import AsyncStateTesting
 import Foundation
 import Testing
+
+@testable import AsyncStateKit
 
 /// Auto-recovery: what a replica could not send — its bus was down, a second level failed — is kept,
 /// coalesced, and sent again until it is taken.
@@ -128,20 +129,34 @@ import Testing
         for node in nodes { node.runner.cancel() }
     }
 
+    /// How the replicas of a test share a second level.
+    enum SecondLevelSetting: CaseIterable, Sendable {
+        /// They have none.
+        case none
+        /// One, its entries unsealed.
+        case plain
+        /// One, its entries sealed (``AsyncStateEntryAuthenticator``).
+        case sealed
+    }
+
     /// A write through the invalidator while every part is up: the others take it from the second
-    /// level (0 source calls); without a second level they load it from the source once each.
-    @Test(arguments: [true, false])
-    func aWriteThroughOneReplicaCostsTheOthersNoSourceCall(withSecondLevel: Bool) async throws {
+    /// level (0 source calls) — sealed, with the version the second level chose for it, when the
+    /// replicas seal their entries; without a second level they load it from the source once each.
+    @Test(arguments: SecondLevelSetting.allCases)
+    func aWriteThroughOneReplicaCostsTheOthersNoSourceCall(secondLevel: SecondLevelSetting) async throws {
         let clock = VirtualClock()
         let network = InMemoryInvalidationNetwork()
         let level = InMemorySecondLevel(clock: clock)
         let source = Source()
         source.write("v0", for: 5)
+        let sealer = secondLevel == .sealed ? SecondLevelSealTests.fleet : nil
         var nodes: [Node] = []
         for _ in 0..<3 {
             let options =
-                withSecondLevel
-                ? AsyncStateSecondLevelOptions<String>(level: level.replica(), namespace: "p", codec: .json) : nil
+                secondLevel == .none
+                ? nil
+                : AsyncStateSecondLevelOptions<String>(
+                    level: level.replica(), namespace: "p", codec: .json, authenticator: sealer)
             nodes.append(await Node(network: network, clock: clock, secondLevel: options))
         }
         for node in nodes { _ = try await node.profiles.value(for: 5, source.operation) }
@@ -152,12 +167,20 @@ import Testing
         source.write("v1", for: 5)
         #expect(
             try await nodes[0].invalidator.set("v1", for: 5, in: nodes[0].profiles, topic: "profiles") == .published)
+        if let sealer {
+            let entry = try #require(level.entry(for: "p:5"))
+            let envelope = try EntrySeal.envelope(of: entry, key: "p:5", authenticator: sealer)
+            #expect(try AsyncStateCodec<String>.json.decode(envelope) == "v1")
+        }
         for node in nodes.dropFirst() {
             #expect(await soon { node.profiles.snapshot(for: 5)?.isExpired == true })
             #expect(try await node.profiles.value(for: 5, source.operation) == "v1")
         }
         #expect(try await nodes[0].profiles.value(for: 5, source.operation) == "v1")
-        #expect(source.calls.withLock { $0 } - before == (withSecondLevel ? 0 : 2))
+        #expect(source.calls.withLock { $0 } - before == (secondLevel == .none ? 2 : 0))
+        if secondLevel != .none {
+            #expect(nodes.allSatisfy { $0.profiles.secondLevelStatistics?.undecodable == 0 })
+        }
         for node in nodes { node.runner.cancel() }
     }
 

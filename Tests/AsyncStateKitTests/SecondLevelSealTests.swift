@@ -5,9 +5,10 @@ import Testing
 @testable import AsyncStateKit
 
 /// Sealed second-level entries (``AsyncStateEntryAuthenticator``): what replicas of the fleet write
-/// is shared as before; what anyone else writes — unsealed, sealed with another secret, a real seal
-/// moved to another key, version or date — is never served, is counted, and is replaced by the next
-/// load.
+/// is shared as before (a write through the invalidator too: see
+/// `InvalidationRecoveryTests/aWriteThroughOneReplicaCostsTheOthersNoSourceCall`); what anyone else
+/// writes — unsealed, sealed with another secret, a real seal moved to another key, version or
+/// date — is never served, is counted, and is replaced by the next load.
 @Suite struct SecondLevelSealTests {
     /// A keyed checksum standing in for HMAC in these tests (the library has no cryptography; the
     /// example service uses HMAC-SHA256): it seals with the first secret and accepts any.
@@ -173,38 +174,6 @@ import Testing
         await #expect(throws: SourceDown.self) { try await replica.value(for: 6, source) }
         #expect(replica.snapshot(for: 6)?.hasValue != true)
         #expect(replica.secondLevelStatistics?.undecodable == 1)
-    }
-
-    /// A write through the invalidator is sealed with the version the second level gives it (the
-    /// seal covers it, and the store chooses it): the other replicas take it with no source call.
-    @Test func aWriteThroughTheInvalidatorIsSealedWithItsVersion() async throws {
-        let clock = VirtualClock()
-        let network = InMemoryInvalidationNetwork()
-        let level = InMemorySecondLevel(clock: clock)
-        let source = InvalidationRecoveryTests.Source()
-        source.write("v0", for: 5)
-        var nodes: [InvalidationRecoveryTests.Node] = []
-        for _ in 0..<3 {
-            let options = AsyncStateSecondLevelOptions<String>(
-                level: level.replica(), namespace: "p", codec: .json, authenticator: Self.fleet)
-            nodes.append(await .init(network: network, clock: clock, secondLevel: options))
-        }
-        for node in nodes { _ = try await node.profiles.value(for: 5, source.operation) }
-        let before = source.calls.withLock { $0 }
-        await clock.advance(by: .seconds(1))
-        source.write("v1", for: 5)
-        #expect(
-            try await nodes[0].invalidator.set("v1", for: 5, in: nodes[0].profiles, topic: "profiles") == .published)
-        let entry = try #require(level.entry(for: "p:5"))
-        let envelope = try EntrySeal.envelope(of: entry, key: "p:5", authenticator: Self.fleet)
-        #expect(try AsyncStateCodec<String>.json.decode(envelope) == "v1")
-        for node in nodes.dropFirst() {
-            #expect(await soon { node.profiles.snapshot(for: 5)?.isExpired == true })
-            #expect(try await node.profiles.value(for: 5, source.operation) == "v1")
-        }
-        #expect(source.calls.withLock { $0 } == before)
-        #expect(nodes.allSatisfy { $0.profiles.secondLevelStatistics?.undecodable == 0 })
-        for node in nodes { node.runner.cancel() }
     }
 
     /// A rolling change of the secret: a replica that accepts [new, old] takes what the old secret
