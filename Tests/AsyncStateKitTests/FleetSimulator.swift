@@ -96,7 +96,7 @@ final class FleetSimulation: @unchecked Sendable {
     private let changing = LockedValue<Set<Int>>([])
     private var expiryBoundSinceQuiet = false
     private var faults = Faults()
-    private var budget = SourceCallBudget()
+    private var budget: SourceCallBudget
     /// When the faults in force began (`nil`: none in force).
     private var faultsSince: Duration?
     /// The replicas' calls of the source, as their second level reported them: loads as a lease's
@@ -124,8 +124,8 @@ final class FleetSimulation: @unchecked Sendable {
     struct SourceCallBudget {
         var changes = 0
         var reconnections = 0
-        var replicas = 0
-        var keys = 0
+        let replicas: Int
+        let keys: Int
         var lostEntries = 0
         /// Keys restored by warm restarts: restored data may be younger than the second level's
         /// entry (a fallback its replica answered during a fault), which it then refuses — one
@@ -174,6 +174,7 @@ final class FleetSimulation: @unchecked Sendable {
         writesInBackground = random.next() % 2 == 0
         expiryJitter = random.next() % 2 == 0 ? .zero : .seconds(10)
         self.random = random
+        budget = SourceCallBudget(replicas: replicas, keys: keys)
         (replicaCount, keyCount, stepCount, self.sabotage) = (replicas, keys, steps, sabotage)
         level = InMemorySecondLevel(clock: clock)
         network = InMemoryInvalidationNetwork(clock: clock, seed: seed ^ 0x5eed)
@@ -225,8 +226,6 @@ final class FleetSimulation: @unchecked Sendable {
 
     /// The whole run's source calls against ``SourceCallBudget/bound``.
     private func checkSourceCalls() {
-        budget.keys = keyCount
-        budget.replicas = replicaCount
         let period = Self.expiry - expiryJitter - Self.timeout
         let windows = budget.faultWindows
         let (loads, fallbacks) = sourceCallsSeen.withLock { $0 }
