@@ -33,6 +33,19 @@ extension RealServerTests {
     /// table emptied as a crash empties it, and the grants.
     @Suite(.enabled(if: Server.isAvailable, "needs ASYNCSTATE_POSTGRES_URL: run bash .ci/replicas"), .serialized)
     struct PostgresSecondLevelTests {
+        /// A family of `Int`s on `level` under `namespace`, with a five-second timeout for each call
+        /// (generous on a loaded machine: a call that times out would go to the source instead).
+        static func family(
+            on level: PostgresSecondLevel, namespace: String, capacity: Int = 10_000,
+            authenticator: HMACAuthenticator? = nil
+        ) -> AsyncStateFamily<String, Int> {
+            AsyncStateFamily<String, Int>(
+                expiry: .seconds(600), capacity: capacity,
+                secondLevel: AsyncStateSecondLevelOptions(
+                    level: level, namespace: namespace, codec: .json, timeout: .seconds(5),
+                    authenticator: authenticator))
+        }
+
         static func entry(_ text: String, version: UInt64, freshFor seconds: Double = 60) -> AsyncStateStoredEntry {
             let now = Date()
             return AsyncStateStoredEntry(
@@ -237,10 +250,7 @@ extension RealServerTests {
                 let level = PostgresSecondLevel(client: client, logger: quietLogger)
                 let namespace = String(uniquePrefix("garbage").dropLast())
                 let calls = Mutex(0)
-                let family = AsyncStateFamily<String, Int>(
-                    expiry: .seconds(600),
-                    secondLevel: AsyncStateSecondLevelOptions(
-                        level: level, namespace: namespace, codec: .json, timeout: .seconds(5)))
+                let family = Self.family(on: level, namespace: namespace)
                 let key = "\(namespace):k"
                 let version = try await level.invalidate(key)
                 let future = Date().addingTimeInterval(600).timeIntervalSinceReferenceDate
@@ -270,10 +280,7 @@ extension RealServerTests {
             try await withClient { client in
                 let level = PostgresSecondLevel(client: client, logger: quietLogger)
                 let namespace = String(uniquePrefix("planted").dropLast())
-                let family = AsyncStateFamily<String, Int>(
-                    expiry: .seconds(600),
-                    secondLevel: AsyncStateSecondLevelOptions(
-                        level: level, namespace: namespace, codec: .json, timeout: .seconds(5)))
+                let family = Self.family(on: level, namespace: namespace)
                 let key = "\(namespace):k"
                 let inRange = try await level.invalidate(key)
                 // The planted entry decodes (a real envelope) and is fresh for two hours.
@@ -311,11 +318,7 @@ extension RealServerTests {
                 let namespace = String(uniquePrefix("sealed").dropLast())
                 let fleet = try HMACAuthenticator(secret: Server.secret)
                 func family(_ authenticator: HMACAuthenticator?) -> AsyncStateFamily<String, Int> {
-                    AsyncStateFamily<String, Int>(
-                        expiry: .seconds(600),
-                        secondLevel: AsyncStateSecondLevelOptions(
-                            level: level, namespace: namespace, codec: .json, timeout: .seconds(5),
-                            authenticator: authenticator))
+                    Self.family(on: level, namespace: namespace, authenticator: authenticator)
                 }
                 // A real sealed entry, for key "real".
                 #expect(try await family(fleet).value(for: "real") { _ in 7 } == 7)
@@ -427,10 +430,7 @@ extension RealServerTests {
             try await withClient { client in
                 let level = PostgresSecondLevel(client: client, logger: quietLogger)
                 let namespace = String(uniquePrefix("absent").dropLast())
-                let family = AsyncStateFamily<String, Int>(
-                    expiry: .seconds(600), capacity: 100,
-                    secondLevel: AsyncStateSecondLevelOptions(
-                        level: level, namespace: namespace, codec: .json, timeout: .seconds(5)))
+                let family = Self.family(on: level, namespace: namespace, capacity: 100)
                 struct NoSuchTenant: Error {}
                 let misses = 10_000
                 await withTaskGroup(of: Void.self) { group in

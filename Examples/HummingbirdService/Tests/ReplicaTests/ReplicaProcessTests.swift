@@ -25,63 +25,59 @@ extension RealServerTests {
                 "UPSTREAM_LATENCY": "0.001",
                 "FAILURE_EXPIRY": "0.05", "RETRY_ATTEMPTS": "1",
             ]
-            let replicas = try (1...3).map {
-                try Replica(name: "replica-\($0)", environment: environment, directory: directory)
-            }
             let client = HTTPClient.shared
-            var stopped = false
-            defer {
-                if !stopped { for replica in replicas where replica.process.isRunning { replica.process.terminate() } }
-            }
-            for replica in replicas { try await replica.waitUntilListening(on: channel, client: client) }
+            try await withReplicas(
+                3, environment: environment, directory: directory, listeningOn: channel, client: client
+            ) {
+                replicas in
+                var agreement: [Duration] = []
+                var restartedAgreement: Duration?
+                for write in 1...Self.writes {
+                    if write == Self.restartBeforeWrite { try Server.restart() }
+                    // A write through one replica, retried while the server is down (503).
+                    let writer = replicas[write % replicas.count]
+                    let expected = try await writer.write(tenant, ["write": "\(write)"], client: client)
+                    let start = ContinuousClock.now
 
-            var agreement: [Duration] = []
-            var restartedAgreement: Duration?
-            for write in 1...Self.writes {
-                if write == Self.restartBeforeWrite { try Server.restart() }
-                // A write through one replica, retried while the server is down (503).
-                let writer = replicas[write % replicas.count]
-                let expected = try await writer.write(tenant, ["write": "\(write)"], client: client)
-                let start = ContinuousClock.now
+                    // Every replica must serve it (or something newer) before the expiry.
+                    for replica in replicas {
+                        let serves = try await replica.serves(
+                            tenant, version: expected, within: Self.expiry, client: client)
+                        try #require(
+                            serves,
+                            "replica on port \(replica.port) still served a version before \(expected) \(Self.expiry) after write \(write)"
+                        )
+                    }
+                    let elapsed = ContinuousClock.now - start
+                    agreement.append(elapsed)
+                    if write == Self.restartBeforeWrite { restartedAgreement = elapsed }
+                }
 
-                // Every replica must serve it (or something newer) before the expiry.
+                // All three resumed listening after the restart, and none crashed.
                 for replica in replicas {
-                    let serves = try await replica.serves(
-                        tenant, version: expected, within: Self.expiry, client: client)
-                    try #require(
-                        serves,
-                        "replica on port \(replica.port) still served a version before \(expected) \(Self.expiry) after write \(write)"
-                    )
+                    let reconnected = try await eventually(timeout: .seconds(10)) {
+                        try await replica.metric(
+                            "async_state_bus_reconnections_total{channel=\"\(channel)\"}", client: client)
+                            ?? 0 >= 1
+                    }
+                    #expect(reconnected, "replica on port \(replica.port) never reconnected; see \(replica.log.path)")
+                    #expect(
+                        try await replica.metric("async_state_bus_listening{channel=\"\(channel)\"}", client: client)
+                            == 1)
                 }
-                let elapsed = ContinuousClock.now - start
-                agreement.append(elapsed)
-                if write == Self.restartBeforeWrite { restartedAgreement = elapsed }
-            }
+                for replica in replicas { #expect(await replica.stop() == 0) }
 
-            // All three resumed listening after the restart, and none crashed.
-            for replica in replicas {
-                let reconnected = try await eventually(timeout: .seconds(10)) {
-                    try await replica.metric(
-                        "async_state_bus_reconnections_total{channel=\"\(channel)\"}", client: client)
-                        ?? 0 >= 1
-                }
-                #expect(reconnected, "replica on port \(replica.port) never reconnected; see \(replica.log.path)")
-                #expect(
-                    try await replica.metric("async_state_bus_listening{channel=\"\(channel)\"}", client: client) == 1)
+                let report = String(
+                    format:
+                        "replicas: %d writes through 3 processes, time until all three serve the new value: p50 %.1f ms, p99 %.1f ms, max %.1f ms; the first write after the PostgreSQL restart: %.1f ms",
+                    agreement.count, percentile(agreement, 50).milliseconds, percentile(agreement, 99).milliseconds,
+                    agreement.max()!.milliseconds, restartedAgreement?.milliseconds ?? .nan)
+                print(report)
+                #expect(agreement.count == Self.writes)
+                #expect(agreement.allSatisfy { $0 < Self.expiry })
+                try checkTraces(of: replicas)
+                try? FileManager.default.removeItem(at: directory)
             }
-            for replica in replicas { #expect(await replica.stop() == 0) }
-            stopped = true
-
-            let report = String(
-                format:
-                    "replicas: %d writes through 3 processes, time until all three serve the new value: p50 %.1f ms, p99 %.1f ms, max %.1f ms; the first write after the PostgreSQL restart: %.1f ms",
-                agreement.count, percentile(agreement, 50).milliseconds, percentile(agreement, 99).milliseconds,
-                agreement.max()!.milliseconds, restartedAgreement?.milliseconds ?? .nan)
-            print(report)
-            #expect(agreement.count == Self.writes)
-            #expect(agreement.allSatisfy { $0 < Self.expiry })
-            try checkTraces(of: replicas)
-            try? FileManager.default.removeItem(at: directory)
         }
 
         /// Each write's invalidation, on each of the two other replicas, is a span linked to the

@@ -255,6 +255,21 @@ final class Replica {
     }
 }
 
+/// Runs `count` service processes (`replica-1`…) with `environment`, their output in `directory`,
+/// each waited for until its bus listens on `channel`, for `body`; whichever still runs when `body`
+/// returns or throws is terminated (`body` stops them itself to check how they exit).
+func withReplicas<T>(
+    _ count: Int, environment: [String: String], directory: URL, listeningOn channel: String, client: HTTPClient,
+    _ body: ([Replica]) async throws -> T
+) async throws -> T {
+    let replicas = try (1...count).map {
+        try Replica(name: "replica-\($0)", environment: environment, directory: directory)
+    }
+    defer { for replica in replicas where replica.process.isRunning { replica.process.terminate() } }
+    for replica in replicas { try await replica.waitUntilListening(on: channel, client: client) }
+    return try await body(replicas)
+}
+
 /// A tenant's configuration as a replica serves it (`GET` and `PUT /config/:tenant`).
 struct ServedConfig: Decodable, Equatable {
     var version: Int
